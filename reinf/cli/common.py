@@ -1,0 +1,101 @@
+"""What every command shares: the lazily built config and store, JSON output, errors."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from reinf.config import Config, load_config
+from reinf.errors import ReinfError
+
+
+class AppContext:
+    """Per-invocation state. The config and store are built on first use, so ``--help``
+    and commands that need neither never touch the disk."""
+
+    def __init__(self, config_path: str | None = None, home: str | None = None,
+                 debug: bool = False):
+        self.config_path = config_path
+        self.home = home
+        self.debug = debug
+        self.overrides: dict[str, Any] = {}
+        self._config: Config | None = None
+        self._store = None
+
+    def override(self, **values: Any) -> None:
+        """Record command-line flags (highest precedence); call before using ``config``."""
+        self.overrides.update({k: v for k, v in values.items() if v is not None})
+        self._config = None
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            import os
+            environ = dict(os.environ)
+            if self.home:
+                environ["REINF_HOME"] = self.home
+            self._config = load_config(self.config_path, environ=environ,
+                                       overrides=self.overrides)
+        return self._config
+
+    @property
+    def store(self):
+        if self._store is None:
+            from reinf.store import Store
+            self._store = Store.open(self.config)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+class ReinfGroup(click.Group):
+    """Turns domain errors into one clean line (exit 1) unless --debug is given."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ReinfError as exc:
+            if ctx.obj is not None and getattr(ctx.obj, "debug", False):
+                raise
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            ctx.exit(130)
+
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print machine-readable JSON (stable; see README).")
+
+
+def emit(data: Any, as_json: bool, text: Callable[[Any], None]) -> None:
+    """Print ``data`` as JSON, or hand it to ``text`` for the human form."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    else:
+        text(data)
+
+
+def not_available(what: str, issue: str) -> None:
+    """For commands whose parts land with a later issue: one line, exit status 2."""
+    click.echo(f"reinf {what}: not available yet ({issue} has not landed)", err=True)
+    sys.exit(2)
+
+
+def parse_turn(store, turn: str) -> int:
+    """A TURN argument: a number, or ``last`` for the newest turn."""
+    from reinf.errors import BadInput, NotFound
+
+    if turn == "last":
+        last = store.last_turn()
+        if last is None:
+            raise NotFound("there are no turns yet", fix="chat first: `reinf chat`")
+        return last.id
+    try:
+        return int(turn)
+    except ValueError:
+        raise BadInput(f"TURN must be a turn id or 'last', got {turn!r}") from None

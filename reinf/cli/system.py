@@ -1,0 +1,193 @@
+"""Set-up and inspection commands: init, status, config show, db upgrade, checkpoints, rollback."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from reinf.cli.common import emit, json_option
+
+
+@click.command()
+@click.option("--skip-model", is_flag=True, help="Do not build the demo model even if missing.")
+@json_option
+@click.pass_obj
+def init(app, skip_model, as_json):
+    """Create the data directory, database, config.yaml, reward_mapper.py and the demo model."""
+    from reinf.config import DEMO_MODEL, render_yaml, resolve_model_path
+
+    cfg = app.config
+    home = cfg.data_dir
+    created = []
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
+    (home / "checkpoints").mkdir(exist_ok=True)
+    app.store  # opening the store creates the DB and applies migrations
+    config_file = home / "config.yaml"
+    if not config_file.exists():
+        config_file.write_text(render_yaml(), encoding="utf-8")
+        created.append(str(config_file))
+    hook = home / "reward_mapper.py"
+    if not hook.exists():
+        try:
+            from reinf.rewards import hook_template
+        except ImportError:
+            hook_template = None
+        if hook_template is not None:
+            hook.write_text(hook_template(), encoding="utf-8")
+            created.append(str(hook))
+    model_path = resolve_model_path(cfg)
+    model_built = False
+    if cfg.model.model_path == DEMO_MODEL and not (Path(model_path) / "config.json").exists() \
+            and not skip_model:
+        from reinf.demo import build_demo_model
+
+        click.echo(f"building the demo model in {model_path} (about a minute)…", err=True)
+        build_demo_model(Path(model_path), progress=not as_json)
+        created.append(model_path)
+        model_built = True
+    data = {"data_dir": str(home), "db_url": cfg.db_url, "created": created,
+            "model_path": model_path, "model_built": model_built}
+    emit(data, as_json, lambda d: click.echo(
+        f"Reinf is ready in {d['data_dir']}\n"
+        + "".join(f"  created {p}\n" for p in d["created"])
+        + f"  model: {d['model_path']}\nnext: `reinf serve` (web UI) or `reinf chat`"))
+
+
+@click.command()
+@json_option
+@click.pass_obj
+def status(app, as_json):
+    """Model, device, active checkpoint, ratings waiting, last and next run, warnings."""
+    from reinf.status import collect_status
+
+    daemon = None
+    try:
+        from reinf.daemon import probe_daemon
+        daemon = probe_daemon(app.config)
+    except ImportError:
+        pass
+    data = collect_status(app.config, app.store, daemon=daemon)
+    emit(data, as_json, _print_status)
+
+
+def _print_status(d):
+    m = d["model"]
+    run = d["last_run"]
+    lines = [
+        f"data dir:           {d['data_dir']}",
+        f"database:           {d['db_url']} (schema {d['schema_revision']})",
+        f"model:              {m['model_path']} -> {m['resolved']}"
+        + ("" if m["found_locally"] else " (not found locally)"),
+        f"device:             {m.get('device_in_use', m['device'])}"
+        + (f", quantization {m['quantization']}" if m["quantization"] != "none" else ""),
+        f"active checkpoint:  {d['active_checkpoint']}",
+        f"turns / ratings:    {d['counts']['turns']} / {d['counts']['ratings']}",
+        f"ratings waiting:    {d['ratings_waiting']} (training after {d['train_after_ratings']})",
+        f"last run:           " + (f"#{run['run_id']} {run['status']} {run['started_at']}"
+                                   + (f" — {run['error']}" if run["error"] else "")
+                                   if run else "none yet"),
+        f"next run:           {d['next_run'] or 'when the daemon schedules it (reinf serve)'}",
+        f"daemon:             " + ("running, pid %s" % d["daemon"].get("pid")
+                                   if d["daemon"].get("running") else "not running"),
+        f"reward hook:        {d['reward_hook']['mapper']}"
+        + (" (ok)" if d["reward_hook"].get("ok") else " (BROKEN)"),
+        f"log:                {d['log_file']}",
+    ]
+    click.echo("\n".join(lines))
+    for w in d["warnings"]:
+        click.secho(f"warning: {w}", fg="yellow")
+
+
+@click.group(name="config")
+def config_group():
+    """Inspect the configuration."""
+
+
+@config_group.command(name="show")
+@json_option
+@click.pass_obj
+def config_show(app, as_json):
+    """The effective config after the file, environment variables and flags."""
+    from reinf.config import render_yaml
+
+    cfg = app.config
+    if as_json:
+        emit({"source": cfg.source, **cfg.to_dict()}, True, None)
+    else:
+        click.echo(f"# effective config (file: {cfg.source or 'none, defaults'})")
+        click.echo(render_yaml(cfg), nl=False)
+
+
+@click.group(name="db")
+def db_group():
+    """Database maintenance."""
+
+
+@db_group.command(name="upgrade")
+@json_option
+@click.pass_obj
+def db_upgrade(app, as_json):
+    """Apply pending schema migrations (start-up does this too)."""
+    from reinf import db
+    from reinf.store import Store
+
+    store = Store(app.config.db_url, busy_timeout_ms=app.config.storage.busy_timeout_ms,
+                  migrate=False)
+    try:
+        before = db.current_revision(store.engine)
+        db.upgrade(store.engine)
+        after = db.current_revision(store.engine)
+    finally:
+        store.close()
+    emit({"from": before, "to": after, "head": db.head_revision()}, as_json, lambda d: click.echo(
+        f"database already at {d['to']}" if d["from"] == d["to"]
+        else f"database upgraded {d['from'] or 'empty'} -> {d['to']}"))
+
+
+@click.command()
+@json_option
+@click.pass_obj
+def checkpoints(app, as_json):
+    """List adapter checkpoints; * marks the active one."""
+    rows = [c.to_dict() for c in app.store.list_checkpoints()]
+
+    def text(rows):
+        if not rows:
+            click.echo("no checkpoints yet — the base model is active")
+        for c in rows:
+            m = c["metrics"]
+            click.echo(f"{'*' if c['active'] else ' '} {c['checkpoint_id']:<16} {c['status']:<9} "
+                       f"{c['created_at']}  parent {c['parent_id'] or 'base'}  "
+                       f"reward {m.get('reward_mean', float('nan')):.3f}  kl {m.get('kl', float('nan')):.4f}")
+    emit(rows, as_json, text)
+
+
+@click.command()
+@click.argument("checkpoint_id", required=False)
+@json_option
+@click.pass_obj
+def rollback(app, checkpoint_id, as_json):
+    """Switch the active adapter to CHECKPOINT_ID, or 'base' for the bare model.
+
+    Without an argument, go back to the parent of the active checkpoint.
+    """
+    store = app.store
+    if checkpoint_id is None:
+        active = store.active_checkpoint()
+        if active is None:
+            raise click.ClickException("the base model is already active; nothing to roll back")
+        checkpoint_id = active.parent_id or "base"
+    target = None if checkpoint_id == "base" else checkpoint_id
+    record = store.activate_checkpoint(target)
+    notified = False
+    try:
+        from reinf.daemon import notify_rollback
+        notified = notify_rollback(app.config, checkpoint_id)
+    except ImportError:
+        pass
+    data = {"active_checkpoint": record.id if record else "base", "daemon_notified": notified}
+    emit(data, as_json, lambda d: click.echo(f"active checkpoint: {d['active_checkpoint']}"))
+
+
+COMMANDS = [init, status, config_group, db_group, checkpoints, rollback]

@@ -1,0 +1,496 @@
+"""Configuration: every setting declared once, with its help text.
+
+Precedence, lowest to highest: built-in defaults, the config file, environment
+variables, command-line flags. Loading yields a frozen ``Config`` whose sections
+are frozen dataclasses. Each setting has a *public name*: the leaf name
+(``learning_rate``), except LoRA settings, which keep their section
+(``lora.r``). The environment variable is the public name upper-cased with dots
+as underscores, with or without a ``REINF_`` prefix (``TRAIN_INTERVAL_MINUTES``,
+``REINF_LORA_R``); the prefixed form wins when both are set.
+
+The reference file ``config.yaml`` at the repository root is generated from
+these declarations by :func:`render_yaml`; a test keeps the two in step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from reinf.errors import ConfigError
+
+ENV_PREFIX = "REINF_"
+DEFAULT_HOME = "~/.reinf"
+CONFIG_FILENAME = "config.yaml"
+# The repository (or install) root: the directory that holds reinf/, webui/, models/.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEMO_MODEL = "reinf-demo"
+
+
+def setting(default: Any, help: str, *, min: float | None = None, max: float | None = None,
+            choices: tuple[str, ...] | None = None, fix: str | None = None) -> Any:
+    """Declare one setting: its default, one line of help, and its allowed range."""
+    meta = {"help": help, "min": min, "max": max, "choices": choices, "fix": fix}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = setting("127.0.0.1", "address to bind; anything but loopback requires auth_token")
+    port: int = setting(8765, "TCP port of the web UI and API", min=1, max=65535)
+    auth_token: str | None = setting(None, "bearer token clients must send (required off loopback)")
+    allowed_hosts: list[str] = setting([], "extra Host header names to accept besides localhost")
+    max_request_bytes: int = setting(1_000_000, "largest request body accepted, in bytes", min=1024)
+    max_message_chars: int = setting(16_000, "longest chat message accepted, in characters", min=1)
+    threads: int = setting(8, "worker threads of the WSGI server", min=1, max=256)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    data_dir: str | None = setting(None, "where all state lives; null = $REINF_HOME or ~/.reinf")
+    db_url: str | None = setting(None, "SQLAlchemy URL; null = sqlite:///<data_dir>/reinf.db")
+    busy_timeout_ms: int = setting(15_000, "how long SQLite waits for a lock before failing", min=0)
+    log_max_bytes: int = setting(5_000_000, "size at which the log file rotates", min=10_000)
+    log_backups: int = setting(3, "rotated log files kept", min=0)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str = setting(DEMO_MODEL, "local directory or hub id; reinf-demo = the built-in demo")
+    device: str = setting("auto", "where the model runs", choices=("auto", "cuda", "mps", "cpu"))
+    quantization: str = setting("none", "bitsandbytes base weights (CUDA only)",
+                                choices=("none", "8bit", "4bit"))
+    dtype: str = setting("auto", "weights dtype; auto = bf16 on CUDA, fp32 elsewhere",
+                         choices=("auto", "float32", "bfloat16", "float16"))
+    trust_remote_code: bool = setting(False, "allow model code from the hub (off: safer)")
+    max_history: int = setting(8, "past turns of the conversation sent with each message", min=0)
+    max_context_tokens: int = setting(0, "prompt token budget; 0 = the model's own limit", min=0)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    temperature: float = setting(0.8, "sampling temperature", min=0.01, max=5.0)
+    top_p: float = setting(0.95, "nucleus sampling mass", min=0.01, max=1.0)
+    max_new_tokens: int = setting(128, "longest reply, in tokens", min=1, max=32_768)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    r: int = setting(8, "LoRA rank", min=1, max=1024)
+    alpha: int = setting(16, "LoRA scaling numerator (scale = alpha / r)", min=1)
+    dropout: float = setting(0.05, "LoRA dropout (off during PPO update passes)", min=0.0, max=0.9)
+    target_modules: list[str] = setting(["q_proj", "v_proj"], "module names that get adapters")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    learning_rate: float = setting(1e-4, "Adam learning rate of the adapter", min=0.0, max=1.0)
+    batch_size: int = setting(8, "rated turns per forward/backward minibatch", min=1)
+    gradient_accumulation_steps: int = setting(1, "minibatches per optimizer step", min=1)
+    ppo_epochs: int = setting(4, "passes over the round's samples", min=1, max=100)
+    ppo_clip: float = setting(0.2, "clip range of the policy ratio", min=0.0, max=10.0)
+    value_clip: float = setting(0.2, "clip range of the value update", min=0.0, max=100.0)
+    vf_coef: float = setting(0.5, "weight of the value loss", min=0.0)
+    max_grad_norm: float = setting(1.0, "gradient-norm clip", min=0.0)
+    kl_coef: float = setting(0.05, "initial per-token KL penalty to the base model", min=0.0)
+    adaptive_kl: bool = setting(True, "adapt kl_coef to hold KL near kl_target")
+    kl_target: float = setting(0.05, "KL per token the adaptive controller aims at", min=0.0)
+    kl_horizon: int = setting(1000, "samples over which the KL controller adapts", min=1)
+    kl_max: float = setting(1.0, "promotion gate: reject a round whose KL per token exceeds this",
+                            min=0.0)
+    target_kl: float = setting(0.1, "stop a round early when approx_kl exceeds this; 0 = never",
+                               min=0.0)
+    gamma: float = setting(1.0, "discount of GAE", min=0.0, max=1.0)
+    lam: float = setting(0.95, "lambda of GAE", min=0.0, max=1.0)
+    replay_buffer_size: int = setting(256, "newest rated turns revisited in a round", min=1)
+    train_device: str = setting("auto", "where training runs; auto = the serving device",
+                                choices=("auto", "cuda", "mps", "cpu"))
+    gradient_checkpointing: bool = setting(False, "trade compute for memory on large models")
+    keep_best: int = setting(3, "checkpoints kept besides the active one and its parent", min=0)
+    seed: int = setting(0, "seed of minibatch shuffling and adapter initialisation", min=0)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    train_interval_minutes: float = setting(30.0, "train at least this often; 0 = never on a timer",
+                                            min=0.0)
+    train_after_ratings: int = setting(8, "train as soon as this many new ratings arrive; 0 = off",
+                                       min=0)
+    train_timeout_minutes: float = setting(30.0, "kill a training round that runs longer", min=0.1)
+    train_threads: int = setting(0, "CPU threads for training; 0 = torch's default", min=0)
+    train_nice: int = setting(10, "niceness of the trainer process, so chat stays responsive",
+                              min=0, max=19)
+
+
+@dataclass(frozen=True)
+class RewardsConfig:
+    reward_mapper: str = setting("default", "default, or path/to/file.py:function")
+    critical_bonus: float = setting(0.5, "extra reward magnitude for turns flagged critical",
+                                    min=0.0)
+    tag_adjustments: dict[str, float] = setting(
+        {"too technical": -0.2, "needs examples": -0.1, "too long": -0.2, "wrong": -0.3,
+         "great tone": 0.2}, "reward added per tag")
+    half_life_days: float = setting(30.0, "age at which a rating's weight halves; 0 = no decay",
+                                    min=0.0)
+    reward_min: float = setting(-2.0, "lowest final reward (clip)")
+    reward_max: float = setting(2.0, "highest final reward (clip)")
+    hook_timeout_seconds: float = setting(2.0, "longest a reward hook may run per rating", min=0.01)
+    critics: dict[str, float] = setting({"length": 0.0, "repetition": 0.0, "format": 0.0},
+                                        "weight of each automatic critic; 0 = off")
+    critic_combine: str = setting("weighted_average", "how human reward and critics combine",
+                                  choices=("weighted_average", "min", "consensus"))
+    human_weight: float = setting(1.0, "weight of the human reward in weighted_average", min=0.0)
+    length_target_chars: int = setting(300, "reply length the length critic aims at", min=1)
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerConfig, "storage": StorageConfig, "model": ModelConfig,
+    "generation": GenerationConfig, "lora": LoraConfig, "ppo": PPOConfig,
+    "schedule": ScheduleConfig, "rewards": RewardsConfig,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    # Where the file settings came from (None: defaults only). Not a setting.
+    source: str | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.storage.data_dir).expanduser() if self.storage.data_dir else home_dir()
+
+    @property
+    def db_url(self) -> str:
+        return self.storage.db_url or f"sqlite:///{self.data_dir / 'reinf.db'}"
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def replace(self, **overrides: Any) -> "Config":
+        """A copy with some settings changed, by public name: ``cfg.replace(learning_rate=1e-3)``.
+
+        Values go through the same checks as the config file; ``lora.r`` is spelt ``lora_r``.
+        """
+        flat = {name.replace("_", ".", 1) if name.startswith("lora_") else name: value
+                for name, value in overrides.items()}
+        return _build(self.to_dict(), flat, source="override", file=self.source)
+
+
+# --- the table of settings -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SettingInfo:
+    section: str
+    key: str
+    public: str          # name in docs, flags and overrides: "learning_rate", "lora.r"
+    env: str             # "LEARNING_RATE", "LORA_R"
+    type: Any
+    default: Any
+    help: str
+    meta: Mapping[str, Any]
+
+
+def settings() -> list[SettingInfo]:
+    """Every setting, in declaration order."""
+    out = []
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            public = f"{section}.{f.name}" if section == "lora" else f.name
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out.append(SettingInfo(section, f.name, public, public.replace(".", "_").upper(),
+                                   hints[f.name], default, f.metadata["help"], f.metadata))
+    return out
+
+
+def _by_public() -> dict[str, SettingInfo]:
+    return {s.public: s for s in settings()}
+
+
+# --- loading ---------------------------------------------------------------------------
+
+def home_dir(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    return Path(environ.get("REINF_HOME") or DEFAULT_HOME).expanduser()
+
+
+def find_config_file(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The config file to read when none is given: $REINF_CONFIG, else <home>/config.yaml."""
+    environ = os.environ if environ is None else environ
+    if environ.get("REINF_CONFIG"):
+        return Path(environ["REINF_CONFIG"]).expanduser()
+    candidate = home_dir(environ) / CONFIG_FILENAME
+    return candidate if candidate.exists() else None
+
+
+def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> Config:
+    """Load the effective config: defaults < file < environment < ``overrides`` (flags).
+
+    ``path`` None means :func:`find_config_file`. ``overrides`` maps public names to
+    values; None values are ignored, so click options can be passed straight through.
+    """
+    environ = os.environ if environ is None else environ
+    file = Path(path).expanduser() if path else find_config_file(environ)
+    tree: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    if file is not None:
+        _merge_file(tree, file)
+    env_values = _read_env(environ)
+    cfg = _build(tree, env_values, source="environment variable", file=str(file) if file else None)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if flags:
+        cfg = _build(cfg.to_dict(), flags, source="command-line flag", file=cfg.source)
+    return cfg
+
+
+def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> None:
+    where = str(file)
+    if not file.exists():
+        raise ConfigError(f"config file {where} does not exist",
+                          fix="create it with `reinf init`, or point REINF_CONFIG elsewhere")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where} is not valid YAML: {exc}".strip(),
+                          fix="fix the syntax, or delete the file to use the defaults") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of sections to settings",
+                          fix="start from the reference config.yaml")
+    public = _by_public()
+    for top, value in data.items():
+        if top in SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"section '{top}' in {where} must be a mapping",
+                                  key=top, fix="indent its settings under it")
+            known = {f.name for f in dataclasses.fields(SECTIONS[top])}
+            for key, v in value.items():
+                if key not in known:
+                    raise ConfigError(f"unknown key '{top}.{key}' in {where}", key=f"{top}.{key}",
+                                      fix=_suggest(str(key), known, f"remove it from section '{top}'"))
+                tree[top][key] = v
+        elif top in public:  # a flat public name at top level is accepted too
+            info = public[top]
+            tree[info.section][info.key] = value
+        else:
+            raise ConfigError(f"unknown key '{top}' in {where}", key=str(top),
+                              fix=_suggest(str(top), set(SECTIONS) | set(public), "remove it"))
+
+
+def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for info in settings():
+        raw = environ.get(ENV_PREFIX + info.env, environ.get(info.env))
+        if raw is not None and not (info.env == "DATA_DIR" and environ.get("REINF_HOME")):
+            values[info.public] = raw
+    if environ.get("REINF_HOME"):
+        values["data_dir"] = environ["REINF_HOME"]
+    return values
+
+
+def _build(tree: Mapping[str, Mapping[str, Any]], flat: Mapping[str, Any], *, source: str,
+           file: str | None) -> Config:
+    """Apply ``flat`` (public name -> value, from ``source``) over ``tree``, check, freeze."""
+    public = _by_public()
+    merged = {name: dict(tree.get(name, {})) for name in SECTIONS}
+    origin: dict[str, str] = {}
+    for name, value in flat.items():
+        if name not in public:
+            raise ConfigError(f"unknown setting '{name}' ({source})", key=name,
+                              fix=_suggest(name, set(public), "see `reinf config show`"))
+        info = public[name]
+        merged[info.section][info.key] = value
+        origin[name] = source
+    sections = {}
+    for info in settings():
+        where = origin.get(info.public) or (f"{file}" if file else "defaults")
+        raw = merged[info.section].get(info.key, info.default)
+        merged[info.section][info.key] = _coerce(info, raw, where, from_text=info.public in origin
+                                                 and isinstance(raw, str))
+    for name, cls in SECTIONS.items():
+        sections[name] = cls(**merged[name])
+    data_dir = sections["storage"].data_dir or str(home_dir({}))
+    sections["storage"] = dataclasses.replace(sections["storage"], data_dir=data_dir)
+    cfg = Config(**sections, source=file)
+    _check_combinations(cfg, file or "the defaults")
+    return cfg
+
+
+def _coerce(info: SettingInfo, raw: Any, where: str, from_text: bool) -> Any:
+    """Turn ``raw`` into the setting's type, or raise a ConfigError naming key, place and fix."""
+    typ, meta = info.type, info.meta
+    args = typing.get_args(typ)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), typ) if optional else typ
+    origin = typing.get_origin(base) or base
+
+    def fail(expected: str) -> ConfigError:
+        fix = meta.get("fix") or f"set {info.public} to {expected}"
+        return ConfigError(f"{info.public} = {raw!r} ({where}): expected {expected}",
+                           key=info.public, fix=fix)
+
+    if from_text and origin in (list, dict, bool):
+        if origin is list and not raw.strip().startswith("["):
+            raw = [p.strip() for p in raw.split(",") if p.strip()]
+        else:
+            try:
+                raw = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                raise fail(f"a {origin.__name__} written as YAML") from None
+    if raw is None or (from_text and optional and str(raw).lower() in ("", "null", "none")):
+        if optional:
+            return None
+        raise fail(f"a {_type_name(origin)}")
+    if origin is bool:
+        if isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "on", "0", "false",
+                                                       "no", "off"):
+            value = raw.lower() in ("1", "true", "yes", "on")
+        else:
+            raise fail("true or false")
+    elif origin is int:
+        try:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise fail("a whole number") from None
+    elif origin is float:
+        try:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise fail("a number") from None
+        if not math.isfinite(value):
+            raise fail("a finite number")
+    elif origin is str:
+        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+            raise fail("a string")
+        value = str(raw)
+    elif origin is list:
+        if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+            raise fail("a list of names")
+        value = list(raw)
+    elif origin is dict:
+        if not isinstance(raw, dict):
+            raise fail("a mapping of names to numbers")
+        value = {}
+        for k, v in raw.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"{info.public}[{k!r}] = {v!r} ({where}): expected a number",
+                                  key=info.public, fix=f"give {k!r} a number such as -0.2")
+            value[str(k)] = float(v)
+    else:  # pragma: no cover - a new setting type needs a branch here
+        raise TypeError(f"unsupported setting type {typ}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise fail("one of " + ", ".join(meta["choices"]))
+    if meta.get("min") is not None and value < meta["min"]:
+        raise fail(f"a value ≥ {meta['min']}")
+    if meta.get("max") is not None and value > meta["max"]:
+        raise fail(f"a value ≤ {meta['max']}")
+    return value
+
+
+def _type_name(origin: Any) -> str:
+    return {int: "whole number", float: "number", str: "string", bool: "boolean",
+            list: "list", dict: "mapping"}.get(origin, str(origin))
+
+
+def _check_combinations(cfg: Config, where: str) -> None:
+    r = cfg.rewards
+    if r.reward_min >= r.reward_max:
+        raise ConfigError(f"reward_min ({r.reward_min}) must be below reward_max ({r.reward_max})"
+                          f" ({where})", key="reward_min", fix="e.g. reward_min: -2, reward_max: 2")
+    if cfg.ppo.batch_size > cfg.ppo.replay_buffer_size:
+        raise ConfigError(f"batch_size ({cfg.ppo.batch_size}) exceeds replay_buffer_size "
+                          f"({cfg.ppo.replay_buffer_size}) ({where})", key="batch_size",
+                          fix="lower batch_size or raise replay_buffer_size")
+    if not is_loopback(cfg.server.host) and not cfg.server.auth_token:
+        raise ConfigError(f"host {cfg.server.host} is reachable from other machines but "
+                          f"auth_token is not set ({where})", key="auth_token",
+                          fix="set auth_token (e.g. REINF_AUTH_TOKEN=$(openssl rand -hex 16)) "
+                              "or bind host to 127.0.0.1")
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def _suggest(word: str, options: set[str], otherwise: str) -> str:
+    close = difflib.get_close_matches(word, sorted(options), n=1)
+    return f"did you mean '{close[0]}'?" if close else otherwise
+
+
+# --- output ----------------------------------------------------------------------------
+
+def render_yaml(cfg: Config | None = None) -> str:
+    """The config as commented YAML: every key, a one-line comment, its value."""
+    cfg = cfg or Config(storage=StorageConfig())
+    lines = ["# Reinf configuration. Every key, its default and one line of help.",
+             "# Precedence: defaults < this file < environment (KEY or REINF_KEY) < flags.",
+             "# Copy to $REINF_HOME/config.yaml (reinf init does) and edit there.", ""]
+    values = cfg.to_dict()
+    current = None
+    for info in settings():
+        if info.section != current:
+            if current is not None:
+                lines.append("")
+            lines.append(f"{info.section}:")
+            current = info.section
+        value = values[info.section][info.key]
+        dumped = json.dumps(value, ensure_ascii=False) if value is not None else "null"
+        lines.append(f"  {info.key}: {dumped}  # {info.help}")
+    return "\n".join(lines) + "\n"
+
+
+# --- where the model lives -------------------------------------------------------------
+
+def demo_model_dir(cfg: Config) -> Path:
+    """The built-in demo model: the checkout's models/reinf-demo, else one built in data_dir."""
+    bundled = PROJECT_ROOT / "models" / DEMO_MODEL
+    if (bundled / "config.json").exists():
+        return bundled
+    return cfg.data_dir / "models" / DEMO_MODEL
+
+
+def resolve_model_path(cfg: Config) -> str:
+    """``model_path`` as from_pretrained should see it: an absolute directory or a hub id.
+
+    ``reinf-demo`` is the built-in demo model. A relative path is looked up from the
+    current directory, then beside the config file. Anything else that does not exist
+    locally and does not look like a path is taken as a hub id.
+    """
+    value = cfg.model.model_path
+    if value == DEMO_MODEL:
+        return str(demo_model_dir(cfg))
+    path = Path(value).expanduser()
+    if path.is_absolute() or path.exists():
+        return str(path.resolve())
+    if cfg.source:
+        beside = Path(cfg.source).expanduser().parent / path
+        if beside.exists():
+            return str(beside.resolve())
+    if value.startswith((".", "~", "/")) or value.count("/") > 1 or "\\" in value:
+        return str(path.resolve())  # meant as a path; the loader reports it missing
+    return value

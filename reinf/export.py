@@ -1,0 +1,60 @@
+"""Rated turns as training data for other tools (``reinf export``).
+
+Formats, one JSON object per line:
+
+- ``raw``: everything known about each rated turn (context, reply, rating, checkpoint).
+- ``sft``: ``{"messages": [...]}`` chat transcripts of turns rated 4 or 5.
+- ``kto``: TRL's unpaired preference format, ``{"prompt": [...], "completion": [...],
+  "label": bool}``; 4-5 are desirable, 1-2 undesirable, 3 is dropped.
+
+The context of a turn is the earlier turns of its conversation that still exist.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from reinf.records import TurnRecord, iso
+
+FORMATS = ("raw", "sft", "kto")
+
+
+def _context(turns_by_conv: dict[int, list[TurnRecord]], turn: TurnRecord) -> list[dict]:
+    messages: list[dict[str, str]] = []
+    for earlier in turns_by_conv.get(turn.conversation_id, []):
+        if earlier.index >= turn.index:
+            break
+        messages += [{"role": "user", "content": earlier.user_message},
+                     {"role": "assistant", "content": earlier.reply}]
+    return messages
+
+
+def export_rows(store, fmt: str = "raw") -> Iterator[dict[str, Any]]:
+    """Yield one dict per exported turn, oldest first."""
+    if fmt not in FORMATS:
+        from reinf.errors import BadInput
+        raise BadInput(f"unknown export format {fmt!r}", fix="use one of " + ", ".join(FORMATS))
+    turns = store.history(limit=None, oldest_first=True)
+    by_conv: dict[int, list[TurnRecord]] = {}
+    for t in turns:
+        by_conv.setdefault(t.conversation_id, []).append(t)
+    for turn in turns:
+        rating = turn.rating
+        if rating is None:
+            continue
+        context = _context(by_conv, turn)
+        user = {"role": "user", "content": turn.user_message}
+        assistant = {"role": "assistant", "content": turn.reply}
+        if fmt == "raw":
+            yield {"turn_id": turn.id, "conversation_id": turn.conversation_id,
+                   "index": turn.index, "messages": context + [user], "reply": turn.reply,
+                   "score": rating.score, "tags": rating.tags, "comment": rating.comment,
+                   "critical": rating.critical, "rated_at": iso(rating.updated_at),
+                   "created_at": iso(turn.created_at),
+                   "checkpoint_id": turn.checkpoint_id or "base",
+                   "interrupted": turn.interrupted}
+        elif fmt == "sft":
+            if rating.score >= 4:
+                yield {"messages": context + [user, assistant]}
+        elif rating.score != 3:
+            yield {"prompt": context + [user], "completion": [assistant],
+                   "label": rating.score >= 4}

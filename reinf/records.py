@@ -1,0 +1,140 @@
+"""Plain records the store hands out, and their stable JSON form.
+
+The store never leaks ORM objects: callers get these frozen dataclasses, which
+stay valid after the session closes. ``to_dict()`` is the documented JSON shape
+of ``--json`` output and of the HTTP API; add fields, never rename them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def iso(ts: datetime | None) -> str | None:
+    return ts.isoformat(timespec="seconds") if ts else None
+
+
+@dataclass(frozen=True)
+class RatingRecord:
+    turn_id: int
+    score: int
+    tags: list[str]
+    comment: str
+    critical: bool
+    created_at: datetime
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"turn_id": self.turn_id, "score": self.score, "tags": list(self.tags),
+                "comment": self.comment, "critical": self.critical,
+                "created_at": iso(self.created_at), "updated_at": iso(self.updated_at)}
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    id: int
+    conversation_id: int
+    index: int
+    user_message: str
+    reply: str
+    checkpoint_id: str | None
+    model: str
+    gen_params: dict[str, Any]
+    created_at: datetime
+    ttft_ms: float | None
+    latency_ms: float | None
+    interrupted: bool
+    context_forgotten: bool
+    prompt_ids: list[int] = field(repr=False)
+    reply_ids: list[int] = field(repr=False)
+    logprobs: list[float] = field(repr=False)
+    rating: RatingRecord | None = None
+    user_id: str = "local"
+
+    def to_dict(self, tokens: bool = False) -> dict[str, Any]:
+        out = {"turn_id": self.id, "conversation_id": self.conversation_id, "index": self.index,
+               "created_at": iso(self.created_at), "user_message": self.user_message,
+               "reply": self.reply, "checkpoint_id": self.checkpoint_id or "base",
+               "model": self.model, "reply_tokens": len(self.reply_ids),
+               "ttft_ms": self.ttft_ms, "latency_ms": self.latency_ms,
+               "interrupted": self.interrupted,
+               "rating": self.rating.to_dict() if self.rating else None}
+        if tokens:
+            out.update(prompt_ids=self.prompt_ids, reply_ids=self.reply_ids,
+                       logprobs=self.logprobs, gen_params=self.gen_params)
+        return out
+
+
+@dataclass(frozen=True)
+class ConversationRecord:
+    id: int
+    title: str
+    user_id: str
+    created_at: datetime
+    updated_at: datetime
+    turns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conversation_id": self.id, "title": self.title, "user_id": self.user_id,
+                "created_at": iso(self.created_at), "updated_at": iso(self.updated_at),
+                "turns": self.turns}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One rated turn, as the trainer and the reward mapper see it."""
+    turn_id: int
+    conversation_id: int
+    turn_index: int
+    user_id: str
+    prompt: str
+    response: str
+    prompt_ids: list[int] = field(repr=False)
+    reply_ids: list[int] = field(repr=False)
+    logprobs: list[float] = field(repr=False)
+    checkpoint_id: str | None
+    score: int
+    tags: list[str]
+    comment: str
+    critical: bool
+    rated_at: datetime
+    created_at: datetime
+    temperature: float
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    started_at: datetime
+    finished_at: datetime | None
+    status: str
+    trigger: str
+    error: str | None
+    metrics: dict[str, Any]
+    samples: int
+    checkpoint_id: str | None
+    pid: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.id, "started_at": iso(self.started_at),
+                "finished_at": iso(self.finished_at), "status": self.status,
+                "trigger": self.trigger, "error": self.error, "metrics": dict(self.metrics),
+                "samples": self.samples, "checkpoint_id": self.checkpoint_id}
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    id: str
+    path: str
+    parent_id: str | None
+    run_id: int | None
+    created_at: datetime
+    metrics: dict[str, Any]
+    active: bool
+    status: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkpoint_id": self.id, "path": self.path, "parent_id": self.parent_id,
+                "run_id": self.run_id, "created_at": iso(self.created_at),
+                "metrics": dict(self.metrics), "active": self.active, "status": self.status}

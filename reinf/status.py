@@ -1,0 +1,68 @@
+"""What ``reinf status`` and ``GET /api/status`` report, gathered in one place.
+
+Each part of Reinf contributes what it knows; nothing here loads a model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reinf import db
+from reinf.config import Config, resolve_model_path
+
+
+def collect_status(config: Config, store, *, engine=None, daemon: dict | None = None) -> dict:
+    """A JSON-ready snapshot. ``engine`` and ``daemon`` add what only a running server knows."""
+    warnings: list[str] = []
+    model_path = resolve_model_path(config)
+    local = Path(model_path).exists()
+    if not local and (model_path.startswith("/") or config.model.model_path == "reinf-demo"):
+        warnings.append(f"no model at {model_path} — run `reinf init` or set model_path")
+    active = store.active_checkpoint()
+    runs = store.list_runs(limit=1)
+    out: dict[str, Any] = {
+        "data_dir": str(config.data_dir),
+        "db_url": _redact(config.db_url),
+        "schema_revision": db.current_revision(store.engine),
+        "model": {"model_path": config.model.model_path, "resolved": model_path,
+                  "found_locally": local, "device": config.model.device,
+                  "quantization": config.model.quantization},
+        "counts": store.counts(),
+        "ratings_waiting": store.ratings_waiting(),
+        "train_after_ratings": config.schedule.train_after_ratings,
+        "active_checkpoint": active.id if active else "base",
+        "last_run": runs[0].to_dict() if runs else None,
+        "next_run": None,
+        "daemon": daemon or {"running": False},
+        "reward_hook": _reward_hook_status(config),
+        "log_file": str(config.data_dir / "logs" / "reinf.log"),
+        "warnings": warnings,
+    }
+    if engine is not None:
+        out["model"].update(engine.describe())
+        warnings.extend(engine.warnings)
+    elif config.model.quantization != "none":
+        import torch
+        if not torch.cuda.is_available():
+            warnings.append(f"quantization {config.model.quantization} needs CUDA; "
+                            "the model loads unquantized on this machine")
+    if out["reward_hook"].get("error"):
+        warnings.append("reward hook broken: " + out["reward_hook"]["error"]
+                        + " — training is paused until it is fixed")
+    return out
+
+
+def _reward_hook_status(config: Config) -> dict:
+    try:
+        from reinf.rewards import hook_status
+    except ImportError:
+        return {"mapper": config.rewards.reward_mapper, "ok": True, "error": None}
+    return hook_status(config)
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a status line must never fail on a weird URL
+        return "<unparseable db_url>"

@@ -1,0 +1,451 @@
+"""The store: every read and write of conversations, turns, ratings, runs and checkpoints.
+
+All later parts (engine, trainer, web UI, CLI) go through this API; nothing else
+touches the tables. Methods return plain records (reinf.records), never ORM
+objects. Writes run in ``BEGIN IMMEDIATE`` transactions (see reinf.db).
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Iterator, Sequence
+
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, selectinload
+
+from reinf import db
+from reinf.errors import BadInput, NotFound, StoreError
+from reinf.records import (CheckpointRecord, ConversationRecord, RatingRecord, RunRecord, Sample,
+                           TurnRecord)
+from reinf.schema import (Checkpoint, Conversation, Rating, TrainingRun, Turn, pack_floats,
+                          pack_ids, unpack_floats, unpack_ids, utcnow)
+
+MAX_TAGS = 20
+MAX_TAG_CHARS = 64
+MAX_COMMENT_CHARS = 4000
+RUN_STATUSES = ("running", "succeeded", "failed", "rejected")
+
+
+def check_score(score: Any) -> int:
+    """A rating score must be a whole number 1-5 (``"4"`` is accepted, ``4.5`` and ``True`` not)."""
+    if isinstance(score, bool):
+        raise BadInput(f"score must be a whole number from 1 to 5, got {score!r}")
+    if isinstance(score, str) and score.strip().lstrip("-").isdigit():
+        score = int(score.strip())
+    if isinstance(score, float) and score.is_integer():
+        score = int(score)
+    if not isinstance(score, int) or not 1 <= score <= 5:
+        raise BadInput(f"score must be a whole number from 1 to 5, got {score!r}",
+                       fix="rate with 1 (bad) … 5 (great)")
+    return score
+
+
+def check_tags(tags: Any) -> list[str]:
+    if tags is None:
+        return []
+    if isinstance(tags, str):
+        tags = tags.split(",")
+    if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+        raise BadInput("tags must be a list of strings", fix='e.g. ["too long", "wrong"]')
+    out: list[str] = []
+    for tag in (t.strip() for t in tags):
+        if tag and tag not in out:
+            if len(tag) > MAX_TAG_CHARS:
+                raise BadInput(f"tag {tag[:20]!r}… is longer than {MAX_TAG_CHARS} characters")
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise BadInput(f"at most {MAX_TAGS} tags per rating, got {len(out)}")
+    return out
+
+
+class Store:
+    def __init__(self, url: str, *, busy_timeout_ms: int = 15_000, migrate: bool = True):
+        self.url = url
+        self.engine = db.create_db_engine(url, busy_timeout_ms)
+        self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
+        if migrate:
+            db.upgrade(self.engine)
+
+    @classmethod
+    def open(cls, config, *, migrate: bool = True) -> "Store":
+        """The store for a config: creates the data dir and brings the schema up to date."""
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        return cls(config.db_url, busy_timeout_ms=config.storage.busy_timeout_ms, migrate=migrate)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _session(self, write: bool) -> Iterator[Session]:
+        try:
+            with Session(self._write_engine if write else self.engine,
+                         expire_on_commit=False) as session, session.begin():
+                yield session
+        except OperationalError as exc:
+            raise StoreError(f"database error: {exc.orig}",
+                             fix="check the disk and that no other program holds the DB") from exc
+
+    # --- conversations ----------------------------------------------------------------
+
+    def create_conversation(self, title: str = "", user_id: str = "local") -> ConversationRecord:
+        with self._session(write=True) as s:
+            conv = Conversation(title=title[:200], user_id=user_id or "local")
+            s.add(conv)
+            s.flush()
+            return _conversation(conv, 0)
+
+    def get_conversation(self, conversation_id: int) -> ConversationRecord:
+        with self._session(write=False) as s:
+            conv = s.get(Conversation, conversation_id)
+            if conv is None:
+                raise NotFound(f"no conversation {conversation_id}",
+                               fix="list them with `reinf history`")
+            n = s.scalar(select(func.count()).where(Turn.conversation_id == conversation_id))
+            return _conversation(conv, n or 0)
+
+    def list_conversations(self, limit: int = 50, offset: int = 0) -> list[ConversationRecord]:
+        with self._session(write=False) as s:
+            counts = (select(Turn.conversation_id, func.count().label("n"))
+                      .group_by(Turn.conversation_id).subquery())
+            rows = s.execute(select(Conversation, func.coalesce(counts.c.n, 0))
+                             .outerjoin(counts, counts.c.conversation_id == Conversation.id)
+                             .order_by(Conversation.updated_at.desc(), Conversation.id.desc())
+                             .limit(limit).offset(offset)).all()
+            return [_conversation(c, n) for c, n in rows]
+
+    def conversation_turns(self, conversation_id: int) -> list[TurnRecord]:
+        """The conversation's turns, oldest first (the engine builds its context from these)."""
+        self.get_conversation(conversation_id)
+        return self.history(conversation_id=conversation_id, limit=None, oldest_first=True)
+
+    # --- turns ------------------------------------------------------------------------
+
+    def append_turn(self, conversation_id: int, user_message: str, reply: str, *,
+                    prompt_ids: Sequence[int] = (), reply_ids: Sequence[int] = (),
+                    logprobs: Sequence[float] = (), checkpoint_id: str | None = None,
+                    model: str = "", gen_params: dict | None = None,
+                    ttft_ms: float | None = None, latency_ms: float | None = None,
+                    interrupted: bool = False) -> TurnRecord:
+        if len(logprobs) != len(reply_ids):
+            raise BadInput(f"{len(logprobs)} log-probs for {len(reply_ids)} reply tokens")
+        if not all(math.isfinite(x) for x in logprobs):
+            raise BadInput("behaviour log-probs must be finite")
+        with self._session(write=True) as s:
+            conv = s.get(Conversation, conversation_id)
+            if conv is None:
+                raise NotFound(f"no conversation {conversation_id}")
+            index = (s.scalar(select(func.max(Turn.index))
+                              .where(Turn.conversation_id == conversation_id)) or 0) + 1
+            turn = Turn(conversation_id=conversation_id, index=index,
+                        user_message=user_message, reply=reply,
+                        prompt_ids=pack_ids(prompt_ids), reply_ids=pack_ids(reply_ids),
+                        logprobs=pack_floats(logprobs), checkpoint_id=checkpoint_id,
+                        model=model, gen_params=gen_params or {}, ttft_ms=ttft_ms,
+                        latency_ms=latency_ms, interrupted=interrupted)
+            s.add(turn)
+            conv.updated_at = utcnow()
+            if not conv.title:
+                conv.title = " ".join(user_message.split())[:60]
+            s.flush()
+            return _turn(turn, conv.user_id)
+
+    def get_turn(self, turn_id: int) -> TurnRecord:
+        with self._session(write=False) as s:
+            turn = s.get(Turn, turn_id, options=[selectinload(Turn.rating),
+                                                 selectinload(Turn.conversation)])
+            if turn is None:
+                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            return _turn(turn)
+
+    def last_turn(self) -> TurnRecord | None:
+        with self._session(write=False) as s:
+            turn_id = s.scalar(select(Turn.id).order_by(Turn.id.desc()).limit(1))
+        return self.get_turn(turn_id) if turn_id is not None else None
+
+    # --- ratings ----------------------------------------------------------------------
+
+    def rate(self, turn_id: int, score: Any, *, tags: Any = None, comment: str | None = "",
+             critical: bool = False) -> RatingRecord:
+        """Rate a turn, or replace its rating (one rating per turn)."""
+        score = check_score(score)
+        tags = check_tags(tags)
+        comment = comment or ""
+        if not isinstance(comment, str) or len(comment) > MAX_COMMENT_CHARS:
+            raise BadInput(f"comment must be text of at most {MAX_COMMENT_CHARS} characters")
+        if not isinstance(critical, bool):
+            raise BadInput(f"critical must be true or false, got {critical!r}")
+        with self._session(write=True) as s:
+            if s.get(Turn, turn_id) is None:
+                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            rating = s.scalar(select(Rating).where(Rating.turn_id == turn_id))
+            now = utcnow()
+            if rating is None:
+                rating = Rating(turn_id=turn_id, created_at=now)
+                s.add(rating)
+            rating.score, rating.tags, rating.comment = score, tags, comment
+            rating.critical, rating.updated_at = critical, now
+            s.flush()
+            return _rating(rating)
+
+    def undo_rating(self, turn_id: int | None = None) -> RatingRecord | None:
+        """Delete the rating of ``turn_id``, or the most recently made one. Returns what went."""
+        with self._session(write=True) as s:
+            query = select(Rating)
+            query = (query.where(Rating.turn_id == turn_id) if turn_id is not None
+                     else query.order_by(Rating.updated_at.desc(), Rating.id.desc()).limit(1))
+            rating = s.scalar(query)
+            if rating is None:
+                return None
+            record = _rating(rating)
+            s.delete(rating)
+            return record
+
+    # --- queries ----------------------------------------------------------------------
+
+    def history(self, *, limit: int | None = 20, conversation_id: int | None = None,
+                rated: bool | None = None, min_score: int | None = None,
+                max_score: int | None = None, tag: str | None = None,
+                since: datetime | None = None, until: datetime | None = None,
+                oldest_first: bool = False) -> list[TurnRecord]:
+        """Turns with their ratings, newest first unless ``oldest_first``."""
+        query = select(Turn).options(selectinload(Turn.rating), selectinload(Turn.conversation))
+        if conversation_id is not None:
+            query = query.where(Turn.conversation_id == conversation_id)
+        if rated is not None or min_score is not None or max_score is not None or tag:
+            query = query.join(Rating, isouter=rated is False)
+            query = query.where(Rating.id.is_(None)) if rated is False else query
+        if min_score is not None:
+            query = query.where(Rating.score >= min_score)
+        if max_score is not None:
+            query = query.where(Rating.score <= max_score)
+        if since is not None:
+            query = query.where(Turn.created_at >= since)
+        if until is not None:
+            query = query.where(Turn.created_at <= until)
+        query = query.order_by(Turn.id.asc() if oldest_first else Turn.id.desc())
+        with self._session(write=False) as s:
+            turns = s.scalars(query).all()
+            records = [_turn(t) for t in turns]
+        if tag:  # tags are JSON; filter here rather than with dialect-specific JSON SQL
+            records = [r for r in records if r.rating and tag in r.rating.tags]
+        return records[:limit] if limit is not None else records
+
+    def training_samples(self, limit: int) -> list[Sample]:
+        """Rated turns usable for training, most recently rated first, at most ``limit``."""
+        query = (select(Turn, Rating, Conversation.user_id).join(Rating).join(Conversation)
+                 .where(Turn.context_forgotten.is_(False))
+                 .order_by(Rating.updated_at.desc(), Rating.id.desc()).limit(limit))
+        with self._session(write=False) as s:
+            rows = s.execute(query).all()
+        samples = []
+        for turn, rating, user_id in rows:
+            reply_ids = unpack_ids(turn.reply_ids)
+            if not reply_ids:  # e.g. a reply stopped before its first token
+                continue
+            samples.append(Sample(
+                turn_id=turn.id, conversation_id=turn.conversation_id, turn_index=turn.index,
+                user_id=user_id, prompt=turn.user_message, response=turn.reply,
+                prompt_ids=unpack_ids(turn.prompt_ids), reply_ids=reply_ids,
+                logprobs=unpack_floats(turn.logprobs), checkpoint_id=turn.checkpoint_id,
+                score=rating.score, tags=list(rating.tags), comment=rating.comment,
+                critical=rating.critical, rated_at=rating.updated_at,
+                created_at=turn.created_at,
+                temperature=float((turn.gen_params or {}).get("temperature", 1.0))))
+        return samples
+
+    def ratings_waiting(self) -> int:
+        """Ratings made or changed since the last finished (succeeded or rejected) round."""
+        with self._session(write=False) as s:
+            until = s.scalar(select(func.max(TrainingRun.ratings_until))
+                             .where(TrainingRun.status.in_(("succeeded", "rejected"))))
+            query = select(func.count()).select_from(Rating)
+            if until is not None:
+                query = query.where(Rating.updated_at > until)
+            return s.scalar(query) or 0
+
+    def counts(self) -> dict[str, int]:
+        with self._session(write=False) as s:
+            return {name: s.scalar(select(func.count()).select_from(model)) or 0
+                    for name, model in (("conversations", Conversation), ("turns", Turn),
+                                        ("ratings", Rating), ("training_runs", TrainingRun),
+                                        ("checkpoints", Checkpoint))}
+
+    # --- forget -----------------------------------------------------------------------
+
+    def forget_turn(self, turn_id: int) -> dict[str, int]:
+        """Delete a turn and its rating. Later turns of its conversation carried its text in
+        their prompt tokens, so those tokens are erased and the turns never trained on."""
+        with self._session(write=True) as s:
+            turn = s.get(Turn, turn_id)
+            if turn is None:
+                raise NotFound(f"no turn {turn_id}")
+            later = s.execute(update(Turn).where(Turn.conversation_id == turn.conversation_id,
+                                                 Turn.index > turn.index)
+                              .values(context_forgotten=True, prompt_ids=None)).rowcount
+            ratings = 1 if turn.rating else 0
+            s.delete(turn)
+        self._scrub()
+        return {"turns": 1, "ratings": ratings, "later_turns_untrainable": later}
+
+    def forget_conversation(self, conversation_id: int) -> dict[str, int]:
+        with self._session(write=True) as s:
+            if s.get(Conversation, conversation_id) is None:
+                raise NotFound(f"no conversation {conversation_id}")
+            turns = s.scalar(select(func.count()).where(Turn.conversation_id == conversation_id))
+            ratings = s.scalar(select(func.count()).select_from(Rating).join(Turn)
+                               .where(Turn.conversation_id == conversation_id))
+            s.execute(delete(Conversation).where(Conversation.id == conversation_id))
+        self._scrub()
+        return {"conversations": 1, "turns": turns or 0, "ratings": ratings or 0}
+
+    def forget_all(self) -> dict[str, int]:
+        before = self.counts()
+        with self._session(write=True) as s:
+            s.execute(delete(Rating))
+            s.execute(delete(Turn))
+            s.execute(delete(Conversation))
+        self._scrub()
+        return {k: before[k] for k in ("conversations", "turns", "ratings")}
+
+    def _scrub(self) -> None:
+        """Push deleted pages out of the WAL so forgotten text does not linger on disk."""
+        if self.engine.dialect.name == "sqlite":
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # --- training runs ----------------------------------------------------------------
+
+    def start_run(self, trigger: str = "manual", pid: int | None = None) -> RunRecord:
+        with self._session(write=True) as s:
+            run = TrainingRun(trigger=trigger, pid=pid, metrics={}, ratings_until=utcnow())
+            s.add(run)
+            s.flush()
+            return _run(run)
+
+    def finish_run(self, run_id: int, status: str, *, metrics: dict | None = None,
+                   error: str | None = None, samples: int | None = None,
+                   checkpoint_id: str | None = None) -> RunRecord:
+        if status not in RUN_STATUSES[1:]:
+            raise ValueError(f"bad final run status {status!r}")
+        with self._session(write=True) as s:
+            run = s.get(TrainingRun, run_id)
+            if run is None:
+                raise NotFound(f"no training run {run_id}")
+            run.status, run.error, run.finished_at = status, error, utcnow()
+            run.metrics = dict(metrics or run.metrics or {})
+            run.samples = samples if samples is not None else run.samples
+            run.checkpoint_id = checkpoint_id or run.checkpoint_id
+            return _run(run)
+
+    def mark_interrupted_runs(self, reason: str = "interrupted") -> int:
+        """Runs left 'running' by a crashed process become failed (called at start-up)."""
+        with self._session(write=True) as s:
+            return s.execute(update(TrainingRun).where(TrainingRun.status == "running")
+                             .values(status="failed", error=reason,
+                                     finished_at=utcnow())).rowcount
+
+    def list_runs(self, limit: int = 50) -> list[RunRecord]:
+        with self._session(write=False) as s:
+            runs = s.scalars(select(TrainingRun).order_by(TrainingRun.id.desc()).limit(limit))
+            return [_run(r) for r in runs]
+
+    def get_run(self, run_id: int) -> RunRecord:
+        with self._session(write=False) as s:
+            run = s.get(TrainingRun, run_id)
+            if run is None:
+                raise NotFound(f"no training run {run_id}")
+            return _run(run)
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    def add_checkpoint(self, checkpoint_id: str, path: str, *, parent_id: str | None = None,
+                       run_id: int | None = None, metrics: dict | None = None,
+                       status: str = "promoted") -> CheckpointRecord:
+        with self._session(write=True) as s:
+            ckpt = Checkpoint(id=checkpoint_id, path=str(path), parent_id=parent_id,
+                              run_id=run_id, metrics=metrics or {}, status=status)
+            s.add(ckpt)
+            s.flush()
+            return _checkpoint(ckpt)
+
+    def activate_checkpoint(self, checkpoint_id: str | None) -> CheckpointRecord | None:
+        """Make ``checkpoint_id`` the active adapter; None means the bare base model."""
+        with self._session(write=True) as s:
+            target = None
+            if checkpoint_id is not None:
+                target = s.get(Checkpoint, checkpoint_id)
+                if target is None:
+                    raise NotFound(f"no checkpoint {checkpoint_id}",
+                                   fix="list them with `reinf checkpoints`")
+                if target.status != "promoted":
+                    raise BadInput(f"checkpoint {checkpoint_id} is {target.status} and cannot "
+                                   "be made active")
+            s.execute(update(Checkpoint).where(Checkpoint.active.is_(True))
+                      .values(active=False))
+            if target is not None:
+                target.active = True
+                return _checkpoint(target)
+            return None
+
+    def active_checkpoint(self) -> CheckpointRecord | None:
+        with self._session(write=False) as s:
+            ckpt = s.scalar(select(Checkpoint).where(Checkpoint.active.is_(True)))
+            return _checkpoint(ckpt) if ckpt else None
+
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRecord:
+        with self._session(write=False) as s:
+            ckpt = s.get(Checkpoint, checkpoint_id)
+            if ckpt is None:
+                raise NotFound(f"no checkpoint {checkpoint_id}",
+                               fix="list them with `reinf checkpoints`")
+            return _checkpoint(ckpt)
+
+    def list_checkpoints(self) -> list[CheckpointRecord]:
+        with self._session(write=False) as s:
+            rows = s.scalars(select(Checkpoint).order_by(Checkpoint.created_at.desc(),
+                                                         Checkpoint.id.desc()))
+            return [_checkpoint(c) for c in rows]
+
+    def set_checkpoint_status(self, checkpoint_id: str, status: str) -> None:
+        with self._session(write=True) as s:
+            s.execute(update(Checkpoint).where(Checkpoint.id == checkpoint_id)
+                      .values(status=status))
+
+    def integrity_check(self) -> str:
+        with self.engine.connect() as conn:
+            return conn.execute(text("PRAGMA integrity_check")).scalar()
+
+
+# --- ORM -> record ------------------------------------------------------------------------
+
+def _conversation(c: Conversation, n: int) -> ConversationRecord:
+    return ConversationRecord(c.id, c.title, c.user_id, c.created_at, c.updated_at, n)
+
+
+def _rating(r: Rating) -> RatingRecord:
+    return RatingRecord(r.turn_id, r.score, list(r.tags or []), r.comment or "", bool(r.critical),
+                        r.created_at, r.updated_at)
+
+
+def _turn(t: Turn, user_id: str | None = None) -> TurnRecord:
+    return TurnRecord(
+        id=t.id, conversation_id=t.conversation_id, index=t.index, user_message=t.user_message,
+        reply=t.reply, checkpoint_id=t.checkpoint_id, model=t.model,
+        gen_params=dict(t.gen_params or {}), created_at=t.created_at, ttft_ms=t.ttft_ms,
+        latency_ms=t.latency_ms, interrupted=bool(t.interrupted),
+        context_forgotten=bool(t.context_forgotten), prompt_ids=unpack_ids(t.prompt_ids),
+        reply_ids=unpack_ids(t.reply_ids), logprobs=unpack_floats(t.logprobs),
+        rating=_rating(t.rating) if t.rating else None,
+        user_id=user_id or (t.conversation.user_id if t.conversation else "local"))
+
+
+def _run(r: TrainingRun) -> RunRecord:
+    return RunRecord(r.id, r.started_at, r.finished_at, r.status, r.trigger, r.error,
+                     dict(r.metrics or {}), r.samples, r.checkpoint_id, r.pid)
+
+
+def _checkpoint(c: Checkpoint) -> CheckpointRecord:
+    return CheckpointRecord(c.id, c.path, c.parent_id, c.run_id, c.created_at,
+                            dict(c.metrics or {}), bool(c.active), c.status)

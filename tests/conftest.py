@@ -1,0 +1,77 @@
+"""Shared fixtures, layered: home -> config -> store; runner for the CLI.
+
+Every test gets its own REINF_HOME and an environment scrubbed of Reinf's
+settings, so nothing leaks in from the developer's shell or ~/.reinf.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def _setting_env_names() -> set[str]:
+    from reinf.config import ENV_PREFIX, settings
+
+    names = {s.env for s in settings()}
+    return names | {ENV_PREFIX + n for n in names} | {"REINF_HOME", "REINF_CONFIG"}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    """A fresh data directory, set as REINF_HOME, with no stray settings in the env."""
+    for name in _setting_env_names():
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "home"
+    monkeypatch.setenv("REINF_HOME", str(path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    return path
+
+
+@pytest.fixture
+def config(home):
+    from reinf.config import load_config
+
+    return load_config(environ={"REINF_HOME": str(home)})
+
+
+@pytest.fixture
+def store(config):
+    from reinf.store import Store
+
+    s = Store.open(config)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def runner():
+    from click.testing import CliRunner
+
+    return CliRunner()
+
+
+@pytest.fixture
+def invoke(runner):
+    """Run a reinf command in-process; returns the click Result."""
+    from reinf.cli import main
+
+    def run(*args, input=None):
+        return runner.invoke(main, [str(a) for a in args], input=input,
+                             catch_exceptions=False)
+    return run
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """An environment for subprocesses: the test's REINF_HOME, no stray settings."""
+    drop = _setting_env_names()
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(REINF_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONUNBUFFERED="1", **extra)
+    return env
