@@ -115,8 +115,8 @@ def export(app, fmt, output):
     for row in export_rows(app.store, fmt):
         output.write(json.dumps(row, ensure_ascii=False) + "\n")
         n += 1
-    if output is not click.get_text_stream("stdout"):
-        click.echo(f"wrote {n} rows ({fmt})", err=True)
+    if getattr(output, "name", "<stdout>") != "<stdout>":
+        click.echo(f"wrote {n} rows ({fmt}) to {output.name}", err=True)
 
 
 COMMANDS = [rate, undo, history, forget, export]

@@ -1,0 +1,153 @@
+"""Config: precedence, environment overrides, rejection of bad keys, types and values."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from reinf.config import (PROJECT_ROOT, Config, load_config, render_yaml, resolve_model_path,
+                          settings)
+from reinf.errors import ConfigError
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_are_typed_and_frozen(home):
+    cfg = load_config(environ={"REINF_HOME": str(home)})
+    assert cfg.ppo.learning_rate == pytest.approx(1e-4)
+    assert cfg.server.port == 8765 and cfg.server.host == "127.0.0.1"
+    assert cfg.data_dir == home
+    assert cfg.db_url == f"sqlite:///{home / 'reinf.db'}"
+    with pytest.raises(Exception):
+        cfg.ppo.learning_rate = 1.0  # frozen
+
+
+def test_precedence_defaults_file_env_flags(tmp_path, home):
+    f = write(tmp_path / "c.yaml", "schedule:\n  train_interval_minutes: 10\n"
+                                   "ppo:\n  learning_rate: 0.001\n  batch_size: 4\n")
+    env = {"REINF_HOME": str(home), "TRAIN_INTERVAL_MINUTES": "5"}
+    cfg = load_config(f, environ=env)
+    assert cfg.schedule.train_interval_minutes == 5.0          # env beats file
+    assert cfg.ppo.learning_rate == pytest.approx(1e-3)        # file beats default
+    assert cfg.ppo.batch_size == 4
+    cfg = load_config(f, environ=env, overrides={"train_interval_minutes": 2, "port": None})
+    assert cfg.schedule.train_interval_minutes == 2.0          # flag beats env
+    assert cfg.server.port == 8765                             # None flags are ignored
+
+
+def test_prefixed_env_wins_over_bare_name(home):
+    env = {"REINF_HOME": str(home), "TRAIN_AFTER_RATINGS": "3", "REINF_TRAIN_AFTER_RATINGS": "7"}
+    assert load_config(environ=env).schedule.train_after_ratings == 7
+
+
+@pytest.mark.parametrize("name,raw,expected", [
+    ("REINF_LORA_R", "4", ("lora", "r", 4)),
+    ("LORA_TARGET_MODULES", "q_proj, k_proj", ("lora", "target_modules", ["q_proj", "k_proj"])),
+    ("ADAPTIVE_KL", "off", ("ppo", "adaptive_kl", False)),
+    ("TAG_ADJUSTMENTS", '{"wrong": -1}', ("rewards", "tag_adjustments", {"wrong": -1.0})),
+    ("AUTH_TOKEN", "null", ("server", "auth_token", None)),
+    ("REINF_QUANTIZATION", "4bit", ("model", "quantization", "4bit")),
+])
+def test_env_values_are_parsed_to_the_setting_type(home, name, raw, expected):
+    section, key, value = expected
+    cfg = load_config(environ={"REINF_HOME": str(home), name: raw})
+    assert getattr(getattr(cfg, section), key) == value
+
+
+def test_reinf_home_moves_all_state(tmp_path):
+    cfg = load_config(environ={"REINF_HOME": str(tmp_path / "elsewhere")})
+    assert cfg.data_dir == tmp_path / "elsewhere"
+    assert str(tmp_path / "elsewhere") in cfg.db_url
+
+
+def test_config_file_in_home_is_found(home):
+    home.mkdir(parents=True)
+    write(home / "config.yaml", "generation:\n  temperature: 0.3\n")
+    cfg = load_config(environ={"REINF_HOME": str(home)})
+    assert cfg.generation.temperature == pytest.approx(0.3)
+    assert cfg.source == str(home / "config.yaml")
+
+
+def test_flat_public_names_at_top_level_are_accepted(tmp_path, home):
+    f = write(tmp_path / "c.yaml", "learning_rate: 0.01\nlora.r: 16\n")
+    cfg = load_config(f, environ={"REINF_HOME": str(home)})
+    assert cfg.ppo.learning_rate == pytest.approx(0.01) and cfg.lora.r == 16
+
+
+@pytest.mark.parametrize("text,key,words", [
+    ("ppo:\n  learnin_rate: 0.1\n", "ppo.learnin_rate", ["unknown key", "learning_rate"]),
+    ("bogus: 1\n", "bogus", ["unknown key"]),
+    ("ppo:\n  learning_rate: fast\n", "learning_rate", ["expected a number"]),
+    ("server:\n  port: 70000\n", "port", ["≤ 65535"]),
+    ("model:\n  device: tpu\n", "device", ["one of auto, cuda, mps, cpu"]),
+    ("ppo:\n  batch_size: 2.5\n", "batch_size", ["whole number"]),
+    ("lora:\n  target_modules: q_proj\n", "lora.target_modules", ["list"]),
+    ("rewards:\n  reward_min: 1\n  reward_max: 0\n", "reward_min", ["below reward_max"]),
+    ("server:\n  host: 0.0.0.0\n", "auth_token", ["auth_token is not set"]),
+    ("ppo: [1, 2]\n", "ppo", ["must be a mapping"]),
+])
+def test_bad_file_values_name_the_key_the_file_and_the_fix(tmp_path, home, text, key, words):
+    f = write(tmp_path / "bad.yaml", text)
+    with pytest.raises(ConfigError) as info:
+        load_config(f, environ={"REINF_HOME": str(home)})
+    err = info.value
+    assert err.key == key
+    message = str(err)
+    assert str(f) in message
+    assert err.fix
+    for w in words:
+        assert w in message
+
+
+def test_bad_env_value_names_the_source(home):
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={"REINF_HOME": str(home), "REINF_PORT": "eighty"})
+    assert "environment variable" in str(info.value) and info.value.key == "port"
+
+
+def test_broken_yaml_is_a_config_error(tmp_path, home):
+    f = write(tmp_path / "c.yaml", "ppo: {learning_rate: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(f, environ={"REINF_HOME": str(home)})
+
+
+def test_missing_explicit_file_is_a_config_error(tmp_path, home):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml", environ={"REINF_HOME": str(home)})
+
+
+def test_replace_validates_like_the_file(config):
+    assert config.replace(learning_rate=0.5, lora_r=2).lora.r == 2
+    with pytest.raises(ConfigError):
+        config.replace(learning_rate=-1)
+
+
+def test_reference_config_yaml_matches_the_declarations():
+    """config.yaml lists every key with its default and comment; regenerate with
+    `python -c "from reinf.config import render_yaml; print(render_yaml(), end='')" > config.yaml`."""
+    committed = (PROJECT_ROOT / "config.yaml").read_text(encoding="utf-8")
+    assert committed == render_yaml()
+    data = yaml.safe_load(committed)
+    for s in settings():
+        assert s.key in data[s.section], s.public
+        assert data[s.section][s.key] == (s.default if not isinstance(s.default, tuple)
+                                          else list(s.default))
+
+
+def test_reference_config_yaml_loads_cleanly(home):
+    cfg = load_config(PROJECT_ROOT / "config.yaml", environ={"REINF_HOME": str(home)})
+    assert cfg.to_dict() == Config(storage=cfg.storage).to_dict()
+
+
+def test_model_path_resolution(tmp_path, home, monkeypatch):
+    cfg = load_config(environ={"REINF_HOME": str(home)})
+    assert resolve_model_path(cfg).endswith("reinf-demo")
+    local = tmp_path / "mymodel"
+    local.mkdir()
+    assert resolve_model_path(cfg.replace(model_path=str(local))) == str(local)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_path(cfg.replace(model_path="mymodel")) == str(local)
+    assert resolve_model_path(cfg.replace(model_path="Qwen/Qwen2.5-0.5B-Instruct")) \
+        == "Qwen/Qwen2.5-0.5B-Instruct"

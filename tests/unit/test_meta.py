@@ -1,0 +1,57 @@
+"""Meta-tests that keep docs, config and CI from drifting away from the code."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import click
+
+from reinf.cli import main
+from reinf.config import PROJECT_ROOT, settings
+
+README = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+CONFIG_YAML = (PROJECT_ROOT / "config.yaml").read_text(encoding="utf-8")
+
+
+def all_commands(group: click.Group, prefix: str = "reinf"):
+    for name, cmd in sorted(group.commands.items()):
+        yield f"{prefix} {name}", cmd
+        if isinstance(cmd, click.Group):
+            yield from all_commands(cmd, f"{prefix} {name}")
+
+
+def test_every_cli_command_appears_in_the_readme():
+    for path, cmd in all_commands(main):
+        words = path.split()
+        if isinstance(cmd, click.Group) and len(words) == 2 and cmd.commands:
+            continue  # a group is documented through its subcommands
+        assert f"`{path}" in README, f"`{path}` is not documented in README.md"
+
+
+def test_every_config_key_appears_in_config_yaml():
+    for s in settings():
+        assert re.search(rf"^  {re.escape(s.key)}: .+  # .+$", CONFIG_YAML, re.M), s.public
+
+
+def test_promised_keys_are_documented_in_the_readme():
+    promised = ["model_path", "max_history", "learning_rate", "batch_size", "ppo_clip",
+                "train_interval_minutes", "train_after_ratings", "reward_mapper",
+                "replay_buffer_size", "gradient_accumulation_steps", "device", "quantization",
+                "lora.r", "lora.alpha", "lora.dropout", "lora.target_modules", "kl_coef",
+                "temperature", "max_new_tokens", "host", "port", "data_dir", "db_url"]
+    public = {s.public for s in settings()}
+    for key in promised:
+        assert key in public, f"promised key {key} is not a setting"
+        assert f"`{key}`" in README, f"promised key {key} is not in README.md"
+
+
+def test_ci_runs_the_readme_test_command():
+    script = (PROJECT_ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "test-command" in script
+    out = subprocess.run(
+        ["bash", "-c", "sed -n '/<!-- test-command -->/,/<!-- \\/test-command -->/p' README.md"
+         " | sed -n '/^```sh/,/^```$/p' | sed '1d;$d'"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert "pytest" in out and "torch==2.13.0" in out
+    # torch is pinned before anything that depends on it, so CI never pulls CUDA wheels
+    assert out.index("torch==2.13.0") < out.index("-e")

@@ -1,0 +1,163 @@
+"""The store: turns with compact token data, ratings, history, training query, runs."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from reinf.errors import BadInput, NotFound
+from reinf.schema import utcnow
+
+
+def add_turn(store, conv=None, msg="hi", reply="hello", n=3, **kw):
+    conv = conv or store.create_conversation().id
+    return store.append_turn(conv, msg, reply, prompt_ids=list(range(1, 6)),
+                             reply_ids=list(range(10, 10 + n)),
+                             logprobs=[-0.5 - i / 7 for i in range(n)],
+                             gen_params={"temperature": 0.7}, **kw)
+
+
+def test_turn_token_data_round_trips_compactly(store):
+    t = add_turn(store, n=200)
+    back = store.get_turn(t.id)
+    assert back.prompt_ids == [1, 2, 3, 4, 5]
+    assert back.reply_ids == list(range(10, 210))
+    assert back.logprobs == pytest.approx([-0.5 - i / 7 for i in range(200)], abs=1e-6)
+    with store.engine.connect() as conn:
+        size = conn.exec_driver_sql("SELECT length(logprobs) FROM turns").scalar()
+    assert size == 200 * 4  # float32, not JSON text
+
+
+def test_turn_indices_count_up_per_conversation(store):
+    conv = store.create_conversation().id
+    assert [add_turn(store, conv).index for _ in range(3)] == [1, 2, 3]
+    assert store.get_conversation(conv).title == "hi"
+    assert [t.index for t in store.conversation_turns(conv)] == [1, 2, 3]
+
+
+def test_mismatched_logprobs_are_rejected(store):
+    conv = store.create_conversation().id
+    with pytest.raises(BadInput):
+        store.append_turn(conv, "a", "b", reply_ids=[1, 2], logprobs=[-1.0])
+    with pytest.raises(BadInput):
+        store.append_turn(conv, "a", "b", reply_ids=[1], logprobs=[float("nan")])
+
+
+def test_rate_rerate_and_undo(store):
+    t = add_turn(store)
+    first = store.rate(t.id, 2, tags="too long, wrong ,too long", comment="meh")
+    assert first.tags == ["too long", "wrong"]
+    second = store.rate(t.id, "5", critical=True)
+    assert second.score == 5 and second.critical and second.created_at == first.created_at
+    assert second.updated_at >= first.updated_at
+    assert store.counts()["ratings"] == 1  # re-rating replaces
+    removed = store.undo_rating()
+    assert removed.score == 5
+    assert store.get_turn(t.id).rating is None
+    assert store.undo_rating() is None
+
+
+def test_undo_removes_the_most_recent_rating(store):
+    a, b = add_turn(store), add_turn(store)
+    store.rate(b.id, 4)
+    store.rate(a.id, 3)
+    assert store.undo_rating().turn_id == a.id
+    assert store.get_turn(b.id).rating.score == 4
+
+
+@pytest.mark.parametrize("score", [0, 6, 4.5, "five", None, True, -1])
+def test_bad_scores_are_rejected_and_nothing_is_stored(store, score):
+    t = add_turn(store)
+    with pytest.raises(BadInput, match="1 to 5"):
+        store.rate(t.id, score)
+    assert store.counts()["ratings"] == 0
+
+
+def test_bad_rating_fields(store):
+    t = add_turn(store)
+    with pytest.raises(BadInput):
+        store.rate(t.id, 3, tags=[1, 2])
+    with pytest.raises(BadInput):
+        store.rate(t.id, 3, tags=["x" * 100])
+    with pytest.raises(BadInput):
+        store.rate(t.id, 3, comment="x" * 5000)
+    with pytest.raises(BadInput):
+        store.rate(t.id, 3, critical="yes")
+    with pytest.raises(NotFound):
+        store.rate(999, 3)
+
+
+def test_history_filters(store):
+    turns = [add_turn(store, msg=f"m{i}") for i in range(5)]
+    store.rate(turns[0].id, 1, tags=["wrong"])
+    store.rate(turns[1].id, 5, tags=["great tone"])
+    store.rate(turns[2].id, 4)
+    assert [t.user_message for t in store.history(limit=2)] == ["m4", "m3"]
+    assert {t.id for t in store.history(rated=True)} == {t.id for t in turns[:3]}
+    assert {t.id for t in store.history(rated=False)} == {t.id for t in turns[3:]}
+    assert [t.id for t in store.history(min_score=4)] == [turns[2].id, turns[1].id]
+    assert [t.id for t in store.history(max_score=1)] == [turns[0].id]
+    assert [t.id for t in store.history(tag="great tone")] == [turns[1].id]
+    future = utcnow() + timedelta(days=1)
+    assert store.history(since=future) == []
+    assert len(store.history(until=future, limit=None)) == 5
+
+
+def test_training_query_newest_ratings_first_bounded(store):
+    turns = [add_turn(store, msg=f"m{i}") for i in range(6)]
+    for t in turns:
+        store.rate(t.id, 3)
+    store.rate(turns[0].id, 5)  # re-rated last: now the newest rating
+    samples = store.training_samples(limit=4)
+    assert [s.turn_id for s in samples] == [turns[0].id, turns[5].id, turns[4].id, turns[3].id]
+    s = samples[0]
+    assert s.score == 5 and s.prompt == "m0" and s.temperature == pytest.approx(0.7)
+    assert s.reply_ids == [10, 11, 12] and len(s.logprobs) == 3
+    assert s.rated_at.tzinfo is not None
+
+
+def test_ratings_waiting_counts_since_the_last_finished_run(store):
+    a, b = add_turn(store), add_turn(store)
+    store.rate(a.id, 4)
+    assert store.ratings_waiting() == 1
+    run = store.start_run("manual")
+    store.rate(b.id, 2)  # arrives while the run trains: still waiting afterwards
+    store.finish_run(run.id, "succeeded", metrics={"kl": 0.01}, samples=1)
+    assert store.ratings_waiting() == 1
+    failed = store.start_run()
+    store.finish_run(failed.id, "failed", error="boom")
+    assert store.ratings_waiting() == 1  # a failed run consumed nothing
+
+
+def test_interrupted_runs_are_marked_failed(store):
+    run = store.start_run("schedule", pid=123)
+    assert store.mark_interrupted_runs() == 1
+    back = store.get_run(run.id)
+    assert back.status == "failed" and back.error == "interrupted" and back.finished_at
+
+
+def test_checkpoints_activate_and_rollback_to_base(store):
+    store.add_checkpoint("ckpt-1", "/x/1", metrics={"reward_mean": 0.1})
+    store.add_checkpoint("ckpt-2", "/x/2", parent_id="ckpt-1")
+    store.add_checkpoint("ckpt-3", "/x/3", parent_id="ckpt-2", status="rejected")
+    assert store.activate_checkpoint("ckpt-2").active
+    assert store.active_checkpoint().id == "ckpt-2"
+    store.activate_checkpoint("ckpt-1")
+    assert [c.id for c in store.list_checkpoints() if c.active] == ["ckpt-1"]
+    with pytest.raises(BadInput, match="rejected"):
+        store.activate_checkpoint("ckpt-3")
+    with pytest.raises(NotFound):
+        store.activate_checkpoint("nope")
+    assert store.activate_checkpoint(None) is None
+    assert store.active_checkpoint() is None
+
+
+def test_record_json_is_stable(store):
+    t = add_turn(store)
+    store.rate(t.id, 4, tags=["wrong"])
+    d = store.get_turn(t.id).to_dict()
+    assert set(d) == {"turn_id", "conversation_id", "index", "created_at", "user_message",
+                      "reply", "checkpoint_id", "model", "reply_tokens", "ttft_ms",
+                      "latency_ms", "interrupted", "rating"}
+    assert d["checkpoint_id"] == "base" and d["rating"]["score"] == 4
+    assert "prompt_ids" in store.get_turn(t.id).to_dict(tokens=True)
