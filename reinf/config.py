@@ -145,6 +145,8 @@ class RewardsConfig:
     reward_min: float = setting(-2.0, "lowest final reward (clip)")
     reward_max: float = setting(2.0, "highest final reward (clip)")
     hook_timeout_seconds: float = setting(2.0, "longest a reward hook may run per rating", min=0.01)
+    hook_import_timeout_seconds: float = setting(10.0, "longest a reward hook may take to import",
+                                                 min=0.1)
     critics: dict[str, float] = setting({"length": 0.0, "repetition": 0.0, "format": 0.0},
                                         "weight of each automatic critic; 0 = off")
     critic_combine: str = setting("weighted_average", "how human reward and critics combine",

@@ -47,8 +47,9 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
             warnings.append(f"quantization {config.model.quantization} needs CUDA; "
                             "the model loads unquantized on this machine")
     if out["reward_hook"].get("error"):
-        warnings.append("reward hook broken: " + out["reward_hook"]["error"]
-                        + " — training is paused until it is fixed")
+        hook = out["reward_hook"]
+        warnings.append(f"{hook['error']} — {hook.get('fix') or 'fix the hook'}"
+                        " (training is paused until it works)")
     return out
 
 

@@ -1,0 +1,294 @@
+"""User hook files: loading, reloading on change, custom critics, and every way they can fail.
+
+Hooks run in a child process (about 0.1-0.3 s each), so these tests start real children.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import textwrap
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from reinf import hooks
+from reinf.errors import HookError
+from reinf.rewards import (FAILURE_FILE, check_hook, compute_rewards, hook_status, hook_template,
+                           preview)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def hook(home):
+    return home / "reward_mapper.py"
+
+
+@pytest.fixture
+def hooked(config, hook):
+    """The config with reward_mapper pointing at the hook file (relative to the data dir)."""
+    return config.replace(reward_mapper="reward_mapper.py:reward_mapper",
+                          hook_timeout_seconds=0.5)
+
+
+def add_rated(store, score, *, tags=None, critical=False, reply="A fine reply."):
+    conv = store.create_conversation().id
+    turn = store.append_turn(conv, "question?", reply, prompt_ids=[1, 2], reply_ids=[3, 4, 5],
+                             logprobs=[-1.0, -1.0, -1.0])
+    store.rate(turn.id, score, tags=tags, critical=critical, comment=f"c{score}")
+    return turn.id
+
+
+def ratings(store):
+    return [(t.id, t.rating.score, t.rating.tags, t.rating.comment, t.rating.critical,
+             t.rating.updated_at) for t in store.history(rated=True, limit=None)]
+
+
+# --- where the hook is ----------------------------------------------------------------------
+
+def test_parse_spec(home):
+    assert hooks.parse_spec("default", home) is None
+    spec = hooks.parse_spec("reward_mapper.py:my_fn", home)
+    assert spec.path == (home / "reward_mapper.py").resolve() and spec.function == "my_fn"
+    assert hooks.parse_spec("/abs/x.py", home).function == "reward_mapper"
+    assert hooks.parse_spec("/abs/x.py", home).path == Path("/abs/x.py")
+    for bad in ("defualt", "x.txt:fn", ""):
+        with pytest.raises(HookError, match="neither 'default'"):
+            hooks.parse_spec(bad, home)
+
+
+# --- a working hook -------------------------------------------------------------------------
+
+def test_edit_changes_the_next_preview_without_restart(hooked, hook, store):
+    add_rated(store, 4)
+    write(hook, "def reward_mapper(score, metadata):\n    return 0.25\n")
+    assert preview(hooked, store, 5)[0]["reward"] == 0.25
+    assert hook_status(hooked)["ok"]
+    before = os.stat(hook)
+    # Same size and the same mtime: only the content differs, as with a quick editor save.
+    write(hook, "def reward_mapper(score, metadata):\n    return 0.75\n")
+    os.utime(hook, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert preview(hooked, store, 5)[0]["reward"] == 0.75
+    write(hook, "def reward_mapper(score, metadata):\n    return score / 10 - 1\n")
+    os.utime(hook, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert preview(hooked, store, 5)[0]["reward"] == pytest.approx(-0.6)
+
+
+def test_status_revalidates_when_the_file_changes(hooked, hook, monkeypatch):
+    calls = []
+    real = hooks.run_hook
+    monkeypatch.setattr(hooks, "run_hook", lambda *a, **k: calls.append(1) or real(*a, **k))
+    write(hook, "def reward_mapper(score, metadata):\n    return 1 / 0\n")
+    first = hook_status(hooked)
+    assert not first["ok"] and "ZeroDivisionError" in first["error"] and first["line"] == 2
+    assert hook_status(hooked) == first and len(calls) == 1  # cached: no second child
+    before = os.stat(hook)
+    write(hook, "def reward_mapper(score, metadata):\n    return 1 / 2\n")
+    os.utime(hook, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert hook_status(hooked)["ok"] and len(calls) == 2
+
+
+def test_template_switched_on_adds_a_brevity_bonus(config, hook, store):
+    write(hook, hook_template())
+    cfg = config.replace(reward_mapper="reward_mapper.py:reward_mapper",
+                         critics={"politeness": 1.0}, critic_combine="min")
+    short = add_rated(store, 5, reply="Thanks, glad to help.")
+    long = add_rated(store, 5, reply="x" * 300 + ".")
+    bad = add_rated(store, 1, reply="No.")
+    rows = {r["turn_id"]: r for r in preview(cfg, store, 10)}
+    assert rows[short]["human_reward"] == pytest.approx(1.1)  # default 1.0 + brevity 0.1
+    assert rows[long]["human_reward"] == pytest.approx(1.0)
+    assert rows[bad]["human_reward"] == pytest.approx(-1.0)  # no bonus for a bad reply
+    assert rows[short]["critics"] == {"politeness": 0.5} and rows[short]["reward"] == 0.5
+    assert rows[long]["critics"] == {"politeness": 0.0}
+
+
+def test_hook_critics_and_sibling_imports(hooked, hook, store):
+    write(hook.parent / "helpers.py", "def shout(text):\n    return text.isupper()\n")
+    write(hook, """\
+        import helpers
+        def reward_mapper(score, metadata):
+            print("debug output must not break anything")
+            return float(score)
+        def critic_shouting(prompt, response, metadata):
+            return -1.0 if helpers.shout(response) else 0.5
+        def critic_length(prompt, response, metadata):
+            return 0.125
+        """)
+    loud = add_rated(store, 2, reply="STOP SHOUTING")
+    calm = add_rated(store, 2, reply="Fine.")
+    cfg = hooked.replace(critics={"shouting": 1.0, "length": 1.0}, critic_combine="min",
+                         reward_min=-5.0, reward_max=5.0)
+    rows = {r.turn_id: r for r in compute_rewards(cfg, store.training_samples(10))}
+    assert rows[loud].critics == {"shouting": -1.0, "length": 0.125}  # the hook's length wins
+    assert rows[calm].critics == {"shouting": 0.5, "length": 0.125}
+    assert rows[loud].human_reward == 2.0 and rows[loud].reward == -1.0
+
+
+# --- every way a hook can fail --------------------------------------------------------------
+
+FAILURES = {
+    "syntax error": ("def reward_mapper(score, metadata)\n    return 1\n", 1, "SyntaxError"),
+    "exception": ("def reward_mapper(score, metadata):\n    x = 0\n    return score / x\n", 3,
+                  "ZeroDivisionError: division by zero"),
+    "exception at import": ("import no_such_module_here\n", 1, "ModuleNotFoundError"),
+    "nan": ("def reward_mapper(score, metadata):\n    return float('nan')\n", 1, "returned nan"),
+    "infinity": ("def reward_mapper(score, metadata):\n    return -1e999\n", 1, "returned -inf"),
+    "string": ("def reward_mapper(score, metadata):\n    return 'good'\n", 1,
+               "returned 'good' (str)"),
+    "bool": ("def reward_mapper(score, metadata):\n    return True\n", 1, "(bool)"),
+    "none": ("def reward_mapper(score, metadata):\n    pass\n", 1, "returned None"),
+    "slow": ("import time\ndef reward_mapper(score, metadata):\n    time.sleep(60)\n", 3,
+             "took longer than 0.5 s"),
+    "exit": ("import sys\ndef reward_mapper(score, metadata):\n    sys.exit(3)\n", 3,
+             "SystemExit: 3"),
+    "process dies": ("import os\ndef reward_mapper(score, metadata):\n    os._exit(3)\n", None,
+                     "exited with code 3"),
+    "no function": ("def mapper(score, metadata):\n    return 1.0\n", None,
+                    "no function reward_mapper() in the file (it defines: mapper)"),
+    "bad critic": ("def reward_mapper(score, metadata):\n    return 1.0\n"
+                   "def critic_politeness(prompt, response, metadata):\n    return 3\n", 3,
+                   "outside [-1, 1]"),
+    "missing critic": ("def reward_mapper(score, metadata):\n    return 1.0\n", None,
+                       "the file has no critic_politeness()"),
+}
+
+
+@pytest.mark.parametrize("mode", list(FAILURES))
+def test_a_broken_hook_stops_training_with_a_clear_error(mode, hooked, hook, store, caplog):
+    source, line, needle = FAILURES[mode]
+    write(hook, source)
+    cfg = hooked.replace(critics={"politeness": 1.0}) if "critic" in mode else hooked
+    add_rated(store, 5, tags="great tone")
+    add_rated(store, 2, critical=True)
+    before, counts = ratings(store), store.counts()
+    where = f"{hook.resolve()}:{line}:" if line else f"{hook.resolve()}:"
+
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="reinf.rewards"):
+        with pytest.raises(HookError) as err:
+            compute_rewards(cfg, store.training_samples(100))
+    assert time.monotonic() - started < 8  # the child's own timer, not the parent's slack
+    assert f"reward hook {where}" in err.value.message and needle in err.value.message
+    assert "training is paused" in str(err.value)
+    assert any(needle in r.getMessage() for r in caplog.records if r.name == "reinf.rewards")
+
+    status = hook_status(cfg)
+    assert not status["ok"] and status["path"] == str(hook.resolve())
+    assert needle in status["error"] and status["line"] == line
+    with pytest.raises(HookError, match="reward hook"):
+        check_hook(cfg)
+    with pytest.raises(HookError):
+        preview(cfg, store, 10)
+
+    assert ratings(store) == before and store.counts() == counts  # nothing lost or changed
+    third = add_rated(store, 3)  # and rating still works while the hook is broken
+    assert store.get_turn(third).rating.score == 3
+
+
+def test_a_hung_import_is_killed(hooked, hook):
+    write(hook, "import time\nwhile True:\n    time.sleep(1)\n")
+    started = time.monotonic()
+    status = hook_status(hooked.replace(hook_import_timeout_seconds=0.5))
+    assert time.monotonic() - started < 8
+    assert not status["ok"] and status["line"] == 3
+    assert "took longer than 0.5 s while importing the file" in status["error"]
+
+
+def test_a_hook_that_disarms_the_child_timer_is_still_killed(hooked, hook, monkeypatch, store):
+    monkeypatch.setattr(hooks, "SLACK_SECONDS", 1.0)
+    write(hook, """\
+        import faulthandler, time
+        def reward_mapper(score, metadata):
+            faulthandler.cancel_dump_traceback_later()
+            time.sleep(60)
+        """)
+    add_rated(store, 4)
+    started = time.monotonic()
+    with pytest.raises(HookError, match="took longer than 0.5 s while scoring turn"):
+        compute_rewards(hooked, store.training_samples(10))
+    assert time.monotonic() - started < 8
+
+
+def test_missing_or_unreadable_file(hooked, hook):
+    status = hook_status(hooked)
+    assert not status["ok"] and "file not found" in status["error"]
+    assert "reinf init" in status["fix"]
+    hook.parent.mkdir(parents=True)
+    hook.write_bytes(b"\xff\xfe not utf-8")
+    with pytest.raises(HookError, match="not UTF-8"):
+        compute_rewards(hooked, [])
+
+
+def test_a_failure_on_real_data_shows_in_status_until_fixed(hooked, hook, store):
+    write(hook, """\
+        def reward_mapper(score, metadata):
+            if "poison" in metadata["tags"]:
+                raise ValueError("cannot score this one")
+            return 0.0
+        """)
+    add_rated(store, 4)
+    bad = add_rated(store, 1, tags="poison")
+    assert hook_status(hooked)["ok"]  # the example ratings do not trip it
+    with pytest.raises(HookError, match=f"for turn {bad}"):
+        compute_rewards(hooked, store.training_samples(10))
+    status = hook_status(hooked)
+    assert not status["ok"] and status["line"] == 3 and "cannot score" in status["error"]
+    with pytest.raises(HookError, match="cannot score"):
+        check_hook(hooked)
+    store.forget_turn(bad)
+    check_hook(hooked, store)  # runs on what training would use: fine now, and remembered
+    assert hook_status(hooked)["ok"]
+    assert not (hooked.data_dir / FAILURE_FILE).exists()
+
+
+def test_failure_record_is_tied_to_the_file_content(hooked, hook, store):
+    write(hook, "def reward_mapper(score, metadata):\n"
+                "    return [score, 'x'][metadata['turn_id'] > 0]\n")
+    add_rated(store, 4)
+    with pytest.raises(HookError, match=r"returned 'x' \(str\)"):
+        compute_rewards(hooked, store.training_samples(10))
+    record = json.loads((hooked.data_dir / FAILURE_FILE).read_text())
+    assert record["line"] == 1 and "turn" in record["message"]
+    write(hook, "def reward_mapper(score, metadata):\n    return float(score)\n")
+    assert hook_status(hooked)["ok"]  # an edited file is judged afresh
+
+
+def test_preview_cli_exits_nonzero_with_the_error(invoke, hook, home, store):
+    write(home / "config.yaml", "rewards:\n  reward_mapper: reward_mapper.py:reward_mapper\n")
+    write(hook, "def reward_mapper(score, metadata):\n    return {}['missing']\n")
+    add_rated(store, 4)
+    result = invoke("rewards", "preview")
+    assert result.exit_code == 1
+    assert f"reward hook {hook.resolve()}:2: KeyError: 'missing'" in result.output
+    result = invoke("rewards", "preview", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.output[: result.output.rindex("}") + 1])
+    assert data["ok"] is False and data["line"] == 2 and "KeyError" in data["error"]
+    write(hook, "def reward_mapper(score, metadata):\n    return -0.125\n")
+    result = invoke("rewards", "preview", "--json")
+    assert result.exit_code == 0 and json.loads(result.output)["rows"][0]["reward"] == -0.125
+
+
+def test_status_shows_the_broken_hook(invoke, hook, home):
+    write(home / "config.yaml", "rewards:\n  reward_mapper: reward_mapper.py:reward_mapper\n")
+    write(hook, "def reward_mapper(score, metadata):\n    return 'x'\n")
+    data = json.loads(invoke("status", "--json").output)
+    assert data["reward_hook"]["ok"] is False
+    assert any("returned 'x'" in w for w in data["warnings"])
+
+
+def test_ratings_are_evaluated_at_their_age(hooked, hook, store):
+    write(hook, "def reward_mapper(score, metadata):\n    return metadata['age_days'] / 100\n")
+    add_rated(store, 3)
+    later = datetime.now(timezone.utc) + timedelta(days=12)
+    row, = compute_rewards(hooked, store.training_samples(10), now=later)
+    assert row.reward == pytest.approx(0.12, abs=1e-3)
+    assert row.weight == pytest.approx(0.5 ** (12 / 30), abs=1e-3)
