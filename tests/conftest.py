@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+# Before torch is imported anywhere (see reinf/__init__.py for why).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 

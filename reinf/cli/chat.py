@@ -1,18 +1,134 @@
-"""``reinf chat``: the terminal REPL (lands with the Inference engine issue)."""
+"""``reinf chat``: the terminal REPL, and ``--once`` for scripts."""
+from __future__ import annotations
+
+import json
+import sys
+
 import click
 
-from reinf.cli.common import json_option, not_available
+from reinf.cli.common import json_option
+from reinf.errors import NotAvailable
 
 
 @click.command()
 @click.option("--once", "once", metavar="TEXT", help="Send one message, print the reply, exit.")
 @click.option("--conversation", "conversation_id", type=int, help="Continue this conversation.")
 @click.option("--url", help="Talk to the daemon at this URL instead of the default.")
+@click.option("--temperature", type=float, help="Sampling temperature for this session.")
+@click.option("--max-new-tokens", type=int, help="Longest reply, in tokens, for this session.")
 @json_option
 @click.pass_obj
-def chat(app, once, conversation_id, url, as_json):
-    """Chat in the terminal, rating each reply 1-5 (Enter skips)."""
-    not_available("chat", "the Inference engine issue")
+def chat(app, once, conversation_id, url, temperature, max_new_tokens, as_json):
+    """Chat in the terminal, rating each reply 1-5 (Enter skips).
+
+    With a Reinf daemon running (`reinf serve`), chat talks to it; otherwise the model
+    runs in this process. Ctrl-C stops a reply (the part you saw is kept, marked
+    interrupted); Ctrl-C or Ctrl-D at a prompt leaves.
+    """
+    app.override(temperature=temperature, max_new_tokens=max_new_tokens)
+    backend = build_backend(app, url, quiet=as_json, conversation_id=conversation_id)
+    if once is not None:
+        sys.exit(send_once(backend, once, conversation_id, as_json))
+    from reinf.repl import Repl
+
+    sys.exit(Repl(backend, conversation_id=conversation_id).run())
+
+
+def build_backend(app, url: str | None, *, quiet: bool = False,
+                  conversation_id: int | None = None):
+    """The daemon's HTTP backend when one answers, else the model in this process.
+
+    An unknown ``conversation_id`` fails here, before the slow model load."""
+    from reinf.repl import daemon_url, probe_daemon
+
+    cfg = app.config
+    target = url or daemon_url(cfg.server.host, cfg.server.port)
+    if probe_daemon(target, token=cfg.server.auth_token):
+        backend = http_backend(target, cfg, generation=app.overrides)
+        if backend is not None:
+            if conversation_id is not None:
+                backend.history(conversation_id, 1)
+            return backend
+        if not quiet:
+            click.echo(f"a Reinf daemon answers at {target}, but this build has no HTTP client "
+                       "yet; running the model in this process", err=True)
+    elif url:
+        raise NotAvailable(f"no Reinf daemon answers at {url}",
+                           fix="start one with `reinf serve`, or leave out --url to run the "
+                               "model in this process")
+    if conversation_id is not None:
+        app.store.get_conversation(conversation_id)
+    return local_backend(app, quiet=quiet)
+
+
+def http_backend(url: str, config, generation: dict | None = None):
+    """HOOK (API issue): the HTTP client of a running daemon, or None where it is missing.
+
+    ``reinf.client.HttpBackend(url, config, generation=...)`` implements
+    ``reinf.repl.Backend``; ``generation`` carries this session's --temperature and
+    --max-new-tokens to the server.
+    """
+    try:
+        from reinf.client import HttpBackend
+    except ModuleNotFoundError as exc:
+        if exc.name != "reinf.client":
+            raise
+        return None
+    return HttpBackend(url, config, generation=dict(generation or {}))
+
+
+def local_backend(app, *, quiet: bool = False):
+    from reinf.chat import ChatService
+    from reinf.config import resolve_model_path
+    from reinf.engine import Engine
+    from reinf.repl import LocalBackend
+
+    _quiet_libraries(app.debug)
+    store = app.store  # opened (and migrated) before the slow model load
+    if not quiet:
+        click.echo(f"loading {resolve_model_path(app.config)} …", err=True)
+    engine = Engine.load(app.config)
+    for warning in engine.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    return LocalBackend(ChatService(engine, store, app.config), store)
+
+
+def send_once(backend, message: str, conversation_id: int | None, as_json: bool) -> int:
+    """Send one message; print the reply (streamed) or its JSON. Ctrl-C stops the reply,
+    which is still stored and printed (exit status 130)."""
+    from reinf.repl import printable
+
+    handle = backend.send_stream(message, conversation_id)
+    interrupted_by_key = False
+    try:
+        for delta in handle:
+            if not as_json:
+                click.echo(printable(delta), nl=False)
+    except KeyboardInterrupt:
+        handle.stop()
+        interrupted_by_key = True
+    turn = handle.result()
+    if as_json:
+        keys = ("turn_id", "conversation_id", "reply", "checkpoint_id", "interrupted",
+                "ttft_ms", "latency_ms", "reply_tokens")
+        click.echo(json.dumps({k: turn[k] for k in keys}, indent=2, ensure_ascii=False))
+    else:
+        click.echo()
+    return 130 if interrupted_by_key else 0
+
+
+def _quiet_libraries(debug: bool) -> None:
+    """Progress bars and library chatter would land in the person's terminal."""
+    if debug:
+        return
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", module="transformers")
+    warnings.filterwarnings("ignore", module="peft")
 
 
 COMMANDS = [chat]

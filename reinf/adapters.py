@@ -1,0 +1,123 @@
+"""LoRA adapters on the running model: read from checkpoints, put in place, switched.
+
+``Adapters`` keeps at most two adapters in the model: the active one and the one before
+it (for rollback); older ones are deleted to bound memory. "Base" (checkpoint id None)
+means adapter layers disabled, so the reference policy needs no second model copy.
+Nothing here locks: the engine calls it only while it holds its lock, between replies.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from reinf.errors import ModelError
+
+
+class Adapters:
+    def __init__(self, model):
+        self.model = model          # the base model; PEFT injects LoRA layers into it in place
+        self.peft = None            # the PeftModel wrapper, created with the first adapter
+        self.names: dict[str, str] = {}  # checkpoint id -> PEFT adapter name, loaded ones
+        self.active: str | None = None
+        self.previous: str | None = None
+        self.can_rollback = False
+
+    def __contains__(self, checkpoint_id: str | None) -> bool:
+        return checkpoint_id is None or checkpoint_id in self.names
+
+    def add(self, checkpoint_id: str, peft_config: Any, state_dict: dict) -> None:
+        """Put a read adapter (see ``read_adapter``) into the model beside the others,
+        inactive. On failure the model is left as it was."""
+        from peft import PeftModel, set_peft_model_state_dict
+
+        name = adapter_name(checkpoint_id)
+
+        def misfit(detail: str) -> ModelError:
+            return ModelError(f"checkpoint {checkpoint_id} does not fit this model ({detail})",
+                              fix="it was trained for another base model; the active adapter "
+                                  "is unchanged")
+        created = self.peft is None
+        try:
+            try:
+                if created:
+                    self.peft = PeftModel(self.model, peft_config, adapter_name=name,
+                                          low_cpu_mem_usage=True)
+                else:
+                    self.peft.add_adapter(name, peft_config, low_cpu_mem_usage=True)
+                result = set_peft_model_state_dict(self.peft, state_dict, adapter_name=name,
+                                                   low_cpu_mem_usage=True)
+            except (RuntimeError, ValueError) as exc:  # size mismatch, missing target modules
+                lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+                raise misfit((lines[1] if len(lines) > 1 else lines[0])[:200]) from exc
+            missing = [k for k in getattr(result, "missing_keys", []) if name in k]
+            bad = [k for k in result.unexpected_keys if "lora_" in k] + missing
+            if bad:
+                raise misfit(f"weights such as {bad[0]} do not match")
+        except BaseException:
+            if self.peft is not None and name in self.peft.peft_config:
+                self.peft.delete_adapter(name)
+            self._apply()
+            raise
+        self.names[checkpoint_id] = name
+        if created:  # PeftModel() makes its first adapter active; add_adapter does not
+            self._apply()
+
+    def activate(self, checkpoint_id: str | None) -> None:
+        """Make a loaded adapter (or None, the base) active; keep the one it replaces for
+        rollback, and delete every other adapter."""
+        if checkpoint_id not in self:
+            raise ModelError(f"checkpoint {checkpoint_id} is not loaded")
+        if checkpoint_id != self.active:
+            self.previous, self.active = self.active, checkpoint_id
+            self.can_rollback = True
+        for ckpt, name in list(self.names.items()):
+            if ckpt not in (self.active, self.previous):
+                self.peft.delete_adapter(name)
+                del self.names[ckpt]
+        self._apply()  # each call walks every module (peft), so only once
+
+    def _apply(self) -> None:
+        """Make the model's PEFT state match ``self.active``."""
+        if self.peft is None:
+            return
+        lora = self.peft.base_model
+        if self.active is None or self.active not in self.names:
+            lora.disable_adapter_layers()
+        else:
+            self.peft.set_adapter(self.names[self.active], inference_mode=True)
+            lora.enable_adapter_layers()
+
+
+def adapter_name(checkpoint_id: str) -> str:
+    """PEFT adapter names become module keys, which cannot hold dots."""
+    digest = hashlib.sha1(checkpoint_id.encode()).hexdigest()[:8]  # keeps "a.b" != "a_b"
+    return "ckpt_" + "".join(c if c.isalnum() else "_" for c in checkpoint_id) + "_" + digest
+
+
+def read_adapter(path: Path, checkpoint_id: str) -> tuple[Any, dict]:
+    """The LoRA config and weights (on the CPU) of a checkpoint directory.
+
+    Other files the trainer writes there (value head, optimizer state) are ignored.
+    """
+    from peft import PeftConfig
+    from peft.utils import load_peft_weights
+
+    path = Path(path)
+    if not (path / "adapter_config.json").is_file() and (path / "adapter").is_dir():
+        path = path / "adapter"
+    if not (path / "adapter_config.json").is_file():
+        raise ModelError(f"checkpoint {checkpoint_id}: no adapter_config.json in {path}",
+                         fix="the checkpoint is incomplete; roll back or train again")
+    try:
+        config = PeftConfig.from_pretrained(str(path))
+        weights = load_peft_weights(str(path), device="cpu")
+    except Exception as exc:  # noqa: BLE001
+        raise ModelError(f"checkpoint {checkpoint_id} in {path} cannot be read: "
+                         f"{str(exc).splitlines()[0][:200]}",
+                         fix="the checkpoint is damaged; roll back or train again") from exc
+    if getattr(config.peft_type, "value", config.peft_type) != "LORA":
+        raise ModelError(f"checkpoint {checkpoint_id} is a {config.peft_type} adapter, not LoRA",
+                         fix="Reinf loads LoRA adapters only")
+    config.inference_mode = True
+    return config, weights

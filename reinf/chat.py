@@ -1,0 +1,145 @@
+"""ChatService: one message in, one stored turn out (the engine plus the store).
+
+The web API and the terminal REPL both go through it. A turn is stored by the reply's
+own thread as soon as the reply ends, whether the caller read it to the end, stopped it
+(stored with ``interrupted=True``) or went away, so a reply the person saw is never lost.
+
+Context: a conversation's earlier turns are sent oldest first, the engine keeps the last
+``max_history`` and trims to fit. Interrupted turns are sent with their partial reply,
+since that is what the person saw and answered; turns stopped before their first token
+(an empty reply) are left out, as an empty assistant message only confuses the model.
+
+Messages to one conversation are handled one at a time (its history must include the
+previous turn); different conversations only queue at the engine. Thread-safe.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator
+
+from reinf.config import Config
+from reinf.errors import BadInput
+from reinf.records import TurnRecord
+
+GENERATION_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
+
+
+class ChatStream:
+    """A reply on its way to becoming a stored turn. Iterate it for text deltas.
+
+    ``conversation_id`` is known at once (a new conversation is created up front);
+    ``stop()`` ends the reply early; ``wait()`` (or ``turn``) gives the stored TurnRecord.
+    """
+
+    def __init__(self, service: "ChatService", conversation_id: int, message: str):
+        self.conversation_id = conversation_id
+        self.message = message
+        self._service = service
+        self._reply_stream = None
+        self._turn: TurnRecord | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._reply_stream)
+
+    def stop(self) -> None:
+        self._reply_stream.stop()
+
+    def wait(self, timeout: float | None = None) -> TurnRecord:
+        """The stored turn; raises the generation or storage error, if any."""
+        self._reply_stream.wait(timeout)
+        return self._turn
+
+    @property
+    def turn(self) -> TurnRecord:
+        return self.wait()
+
+    @property
+    def reply(self):
+        """The engine's Reply (token ids, log-probs, finish_reason)."""
+        return self._reply_stream.wait()
+
+    def close(self) -> None:
+        """Stop the reply and wait until it is stored; errors are left for ``wait()``."""
+        self._reply_stream.close()
+
+    def _store(self, reply, error) -> None:
+        """Runs in the reply's thread when it ends (see ChatService.stream)."""
+        try:
+            if error is None:
+                self._turn = self._service.store.append_turn(
+                    self.conversation_id, self.message, reply.text,
+                    prompt_ids=reply.prompt_ids, reply_ids=reply.reply_ids,
+                    logprobs=reply.logprobs, checkpoint_id=reply.checkpoint_id,
+                    model=self._service.engine.model_name, gen_params=reply.gen_params,
+                    ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
+                    interrupted=reply.interrupted)
+        finally:
+            self._service._release(self.conversation_id)
+
+
+class ChatService:
+    def __init__(self, engine, store, config: Config):
+        self.engine = engine
+        self.store = store
+        self.config = config
+        self._locks: dict[int, threading.Lock] = {}  # one per conversation with a reply running
+        self._locks_guard = threading.Lock()
+
+    def check_message(self, message: Any) -> str:
+        if not isinstance(message, str) or not message.strip():
+            raise BadInput("the message is empty", fix="type something to send")
+        limit = self.config.server.max_message_chars
+        if len(message) > limit:
+            raise BadInput(f"the message has {len(message)} characters; the limit is {limit}",
+                           fix="shorten it, or raise max_message_chars")
+        return message
+
+    def history(self, conversation_id: int) -> list[tuple[str, str]]:
+        """(user, reply) pairs the engine sends as context, oldest first."""
+        return [(t.user_message, t.reply) for t in self.store.conversation_turns(conversation_id)
+                if t.reply]
+
+    def stream(self, message: str, conversation_id: int | None = None,
+               **generation: Any) -> ChatStream:
+        """Start a reply. Bad input raises BadInput (or NotFound for an unknown
+        conversation) before anything is stored or generated."""
+        message = self.check_message(message)
+        unknown = set(generation) - set(GENERATION_KEYS)
+        if unknown:
+            raise BadInput(f"unknown generation setting {sorted(unknown)[0]!r}",
+                           fix="use " + ", ".join(GENERATION_KEYS))
+        params = self.engine.generation_params(
+            **{k: v for k, v in generation.items() if v is not None})
+        if conversation_id is not None:
+            self.store.get_conversation(conversation_id)  # NotFound before waiting on a lock
+            self._acquire(conversation_id)
+        try:
+            history = self.history(conversation_id) if conversation_id is not None else []
+            prompt_ids = self.engine.build_prompt(history, message,
+                                                  max_new_tokens=params["max_new_tokens"])
+            if conversation_id is None:
+                conversation_id = self.store.create_conversation().id
+                self._acquire(conversation_id)
+            chat = ChatStream(self, conversation_id, message)
+            chat._reply_stream = self.engine.stream_prompt(prompt_ids, params,
+                                                           on_finish=chat._store)
+        except BaseException:
+            if conversation_id is not None:
+                self._release(conversation_id)
+            raise
+        return chat
+
+    def send(self, message: str, conversation_id: int | None = None,
+             **generation: Any) -> TurnRecord:
+        return self.stream(message, conversation_id, **generation).wait()
+
+    def _acquire(self, conversation_id: int) -> None:
+        with self._locks_guard:
+            lock = self._locks.setdefault(conversation_id, threading.Lock())
+        lock.acquire()
+
+    def _release(self, conversation_id: int) -> None:
+        with self._locks_guard:
+            lock = self._locks.get(conversation_id)
+        if lock is not None and lock.locked():
+            lock.release()

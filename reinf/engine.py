@@ -1,0 +1,424 @@
+"""The engine: one base model, the active LoRA adapter, streamed replies.
+
+Each reply runs in its own thread under the engine's lock, so replies are serialised and
+an adapter swap (which takes the same lock) lands only between two replies: a reply never
+mixes two adapters. The sampling loop is our own (model forward + KV cache), not
+``model.generate``, so it can record each sampled token's behaviour log-probability and
+stop between tokens.
+
+Behaviour log-probs, the quantity PPO divides by (DESIGN §7): for each sampled token,
+``log_softmax(logits.float() / temperature)[token]``, in fp32, *before* top-p filtering.
+The sampler itself draws from the top-p renormalised distribution. The PPO update
+recomputes ``logp_new`` with a plain forward and ``log_softmax(logits / T)``, without top-p,
+so the stored value must be that same quantity for ``exp(logp_new - logp_behaviour)`` to be
+exactly 1 under an unchanged adapter. (Top-p makes the true sampling distribution differ
+slightly in the tail; this is the usual choice of RLHF libraries and keeps the ratio exact.)
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from reinf.config import Config
+from reinf.adapters import Adapters, read_adapter
+from reinf.errors import BadInput, Conflict, ModelError, ReinfError
+from reinf.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
+                            get_context_limit, load_model)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "Reply", "ReplyStream"]
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    prompt_ids: list[int]
+    reply_ids: list[int]            # includes the final EOS token when the model chose to stop
+    logprobs: list[float]           # fp32 log_softmax(logits / T) of each sampled token
+    checkpoint_id: str | None       # the adapter that produced every token; None = base
+    ttft_ms: float | None           # request to first sampled token (lock wait included)
+    latency_ms: float
+    interrupted: bool
+    gen_params: dict[str, Any]
+    finish_reason: str              # "stop" (EOS) | "length" | "interrupted"
+
+
+class ReplyStream:
+    """A reply being generated in its own thread. Iterate it for text deltas.
+
+    ``stop()`` asks the generator to end after the current token; ``wait()`` returns the
+    finished ``Reply`` (or raises what went wrong). Iteration can be interrupted (Ctrl-C)
+    without harm: the thread keeps its state, and ``stop()`` + ``wait()`` finish cleanly.
+    ``on_finish(reply, error)`` runs in the thread before the stream reports its end, so a
+    caller that iterated to the end finds its side effects (a stored turn) done.
+    """
+
+    _END = object()
+
+    def __init__(self, run, *, on_finish=None):
+        self._run = run
+        self._on_finish = on_finish
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._reply: Reply | None = None
+        self._error: BaseException | None = None
+        self._ended = False
+        self._thread = threading.Thread(target=self._main, name="reinf-reply", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._reply = self._run(self)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._error = exc
+        try:
+            if self._on_finish is not None:
+                self._on_finish(self._reply, self._error)
+        except BaseException as exc:  # noqa: BLE001
+            self._error = self._error or exc
+        finally:
+            self._done.set()
+            self._queue.put(self._END)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def emit(self, delta: str) -> None:
+        self._queue.put(delta)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        while not self._ended:
+            try:  # a timeout keeps the wait interruptible by Ctrl-C on every platform
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is self._END:
+                self._ended = True
+                break
+            return item
+        if self._error is not None:
+            raise self._error
+        raise StopIteration
+
+    def wait(self, timeout: float | None = None) -> Reply:
+        """The finished reply; raises the generation error, if any."""
+        if not self._done.wait(timeout):
+            raise TimeoutError("the reply is still being generated")
+        if self._error is not None:
+            raise self._error
+        return self._reply
+
+    @property
+    def reply(self) -> Reply:
+        return self.wait()
+
+    def close(self) -> None:
+        """Stop and wait for the thread; errors are left for ``wait()``."""
+        self.stop()
+        self._done.wait()
+
+    def __enter__(self) -> "ReplyStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class _Swap:
+    """A requested adapter change, read from disk outside the lock, applied under it."""
+    checkpoint_id: str | None
+    path: str | None = None
+    peft_config: Any = None
+    state_dict: dict | None = None
+    pause_ms: float | None = None
+    error: BaseException | None = None
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: Config):
+        self.loaded = loaded
+        self.config = config
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = torch.device(loaded.device if loaded.quantization == "none"
+                                   else loaded.model.device)
+        self.context_limit = get_context_limit(self.model, self.tokenizer,
+                                               config.model.max_context_tokens)
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self._keep = {"logits_to_keep": 1} if "logits_to_keep" in \
+            inspect.signature(self.model.forward).parameters else {}
+        self._lock = threading.Lock()          # held by one reply, or one swap, at a time
+        self._swaps_lock = threading.Lock()    # guards _pending
+        self._pending: list[_Swap] = []
+        self._adapters = Adapters(self.model)  # touched only under self._lock
+        self.last_swap_pause_ms: float | None = None
+        self.last_swap_error: str | None = None
+
+    @classmethod
+    def load(cls, config: Config) -> "Engine":
+        return cls(load_model(config), config)
+
+    # --- what it is running ---------------------------------------------------------
+
+    @property
+    def active_checkpoint_id(self) -> str | None:
+        return self._adapters.active
+
+    @property
+    def previous_checkpoint_id(self) -> str | None:
+        return self._adapters.previous if self._adapters.can_rollback else None
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def warnings(self) -> list[str]:
+        out = list(self.loaded.warnings)
+        if self.last_swap_error:
+            out.append(self.last_swap_error)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"model_name": self.loaded.name, "device_in_use": self.loaded.device,
+                "dtype": str(self.loaded.dtype).replace("torch.", ""),
+                "quantization_in_use": self.loaded.quantization,
+                "active_checkpoint": self.active_checkpoint_id or "base",
+                "previous_checkpoint": (self._adapters.previous or "base")
+                if self._adapters.can_rollback else None,
+                "last_swap_pause_ms": self.last_swap_pause_ms,
+                "context_tokens": self.context_limit}
+
+    # --- replies --------------------------------------------------------------------
+
+    def generation_params(self, *, temperature: float | None = None, top_p: float | None = None,
+                          max_new_tokens: int | None = None,
+                          seed: int | None = None) -> dict[str, Any]:
+        """The effective sampling settings (config defaults filled in), checked."""
+        g = self.config.generation
+        params = {"temperature": g.temperature if temperature is None else temperature,
+                  "top_p": g.top_p if top_p is None else top_p,
+                  "max_new_tokens": g.max_new_tokens if max_new_tokens is None else max_new_tokens}
+        t, p, n = params["temperature"], params["top_p"], params["max_new_tokens"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 5.0:
+            raise BadInput(f"temperature must be a number from 0.01 to 5, got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise BadInput(f"top_p must be a number above 0 and at most 1, got {p!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 32_768:
+            raise BadInput(f"max_new_tokens must be a whole number from 1 to 32768, got {n!r}")
+        params["temperature"], params["top_p"] = float(t), float(p)
+        if seed is not None:
+            params["seed"] = int(seed)
+        return params
+
+    def build_prompt(self, history: Sequence[tuple[str, str]], message: str, *,
+                     max_new_tokens: int | None = None) -> list[int]:
+        """Prompt ids for ``message`` after ``history``, trimmed to this model's context."""
+        return build_prompt_ids(self.tokenizer, history, message,
+                                max_history=self.config.model.max_history,
+                                max_context_tokens=self.context_limit,
+                                max_new_tokens=max_new_tokens or
+                                self.config.generation.max_new_tokens)
+
+    def stream(self, history: Sequence[tuple[str, str]], message: str, *,
+               temperature: float | None = None, top_p: float | None = None,
+               max_new_tokens: int | None = None, seed: int | None = None,
+               on_finish=None) -> ReplyStream:
+        """Start a reply to ``message``; iterate the stream for text deltas."""
+        params = self.generation_params(temperature=temperature, top_p=top_p,
+                                        max_new_tokens=max_new_tokens, seed=seed)
+        prompt_ids = self.build_prompt(history, message, max_new_tokens=params["max_new_tokens"])
+        return self.stream_prompt(prompt_ids, params, on_finish=on_finish)
+
+    def stream_prompt(self, prompt_ids: Sequence[int], params: dict[str, Any], *,
+                      on_finish=None, ignore_eos: bool = False) -> ReplyStream:
+        """Start a reply to ready prompt ids with checked ``params`` (see generation_params).
+
+        ``on_finish(reply, error)`` runs in the reply's thread once it ended, after the engine
+        lock is released. ``ignore_eos`` (benchmarks) samples exactly max_new_tokens tokens.
+        """
+        started = time.perf_counter()
+        prompt = [int(i) for i in prompt_ids]
+        if len(prompt) + params["max_new_tokens"] > self.context_limit:
+            raise BadInput(f"prompt of {len(prompt)} tokens plus {params['max_new_tokens']} new "
+                           f"ones exceeds the model's context of {self.context_limit} tokens")
+        return ReplyStream(lambda s: self._run(s, prompt, params, started, ignore_eos),
+                           on_finish=on_finish)
+
+    def generate(self, history: Sequence[tuple[str, str]], message: str, **params) -> Reply:
+        return self.stream(history, message, **params).wait()
+
+    def _run(self, stream: ReplyStream, prompt: list[int], params: dict, started: float,
+             ignore_eos: bool) -> Reply:
+        try:
+            with self._lock:
+                self._apply_pending()
+                try:
+                    return self._sample(stream, prompt, params, started, ignore_eos)
+                finally:
+                    self._apply_pending()  # a swap requested during this reply lands now
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise ModelError(f"out of memory while generating on {self.loaded.device}",
+                             fix=OOM_FIX) from exc
+        except ReinfError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the person gets one line, the log the rest
+            log.exception("generation failed")
+            raise ModelError(f"generation failed: {type(exc).__name__}: {exc}",
+                             fix="see the log; `reinf chat --debug` shows the traceback") from exc
+
+    @torch.inference_mode()
+    def _sample(self, stream: ReplyStream, prompt: list[int], params: dict, started: float,
+                ignore_eos: bool) -> Reply:
+        temperature, top_p = params["temperature"], params["top_p"]
+        max_new = params["max_new_tokens"]
+        # Fixed for the whole reply: a swap needs the lock this reply holds.
+        checkpoint_id = self._adapters.active
+        gen = torch.Generator(device=self.device)
+        if params.get("seed") is not None:
+            gen.manual_seed(params["seed"])
+        else:
+            gen.seed()
+        text = Detokenizer(self.tokenizer)
+        reply_ids: list[int] = []
+        logprobs: list[float] = []
+        ttft_ms = None
+        finish = "length"
+        past = None
+        next_input = torch.tensor([prompt], device=self.device)  # (1, T) prefill, then (1, 1)
+        while len(reply_ids) < max_new:
+            if stream.stopped:
+                finish = "interrupted"
+                break
+            out = self.model(input_ids=next_input, past_key_values=past, use_cache=True,
+                             **self._keep)
+            past = out.past_key_values
+            logp = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1)  # (V,)
+            token = sample_top_p(logp, top_p, gen)
+            reply_ids.append(token)
+            logprobs.append(float(logp[token]))
+            if ttft_ms is None:
+                ttft_ms = (time.perf_counter() - started) * 1000
+            if token in self.eos_ids and not ignore_eos:
+                finish = "stop"
+                break
+            delta = text.add(token)
+            if delta:
+                stream.emit(delta)
+            next_input = torch.tensor([[token]], device=self.device)
+        tail = text.flush()
+        if tail:
+            stream.emit(tail)
+        return Reply(text=text.text, prompt_ids=prompt, reply_ids=reply_ids, logprobs=logprobs,
+                     checkpoint_id=checkpoint_id, ttft_ms=ttft_ms,
+                     latency_ms=(time.perf_counter() - started) * 1000,
+                     interrupted=finish == "interrupted", gen_params=dict(params),
+                     finish_reason=finish)
+
+    # --- adapters -------------------------------------------------------------------
+
+    def request_swap(self, checkpoint_id: str | None, path: str | Path | None = None, *,
+                     wait: bool = True) -> float | None:
+        """Make ``checkpoint_id`` (a PEFT adapter in ``path``) the active adapter; None = base.
+
+        The adapter is read from disk now, outside the lock; it is put in place between two
+        replies. With ``wait`` this returns once it is in place, with the pause it caused
+        (ms). Without, it returns at once (None when a reply is running; the swap lands
+        when that reply ends). A broken checkpoint raises ModelError and changes nothing.
+        """
+        swap = _Swap(checkpoint_id, str(path) if path is not None else None)
+        if checkpoint_id not in self._adapters:
+            if path is None:
+                raise BadInput(f"checkpoint {checkpoint_id} is not loaded; give its directory")
+            swap.peft_config, swap.state_dict = read_adapter(Path(path), checkpoint_id)
+        with self._swaps_lock:
+            self._pending.append(swap)
+        if wait:
+            with self._lock:
+                self._apply_pending()
+        elif self._lock.acquire(blocking=False):
+            try:
+                self._apply_pending()
+            finally:
+                self._lock.release()
+        if swap.error is not None:
+            raise swap.error
+        return swap.pause_ms
+
+    def rollback(self) -> str | None:
+        """Switch back to the adapter active before the last swap; returns the new active id."""
+        with self._lock:
+            self._apply_pending()
+            if not self._adapters.can_rollback:
+                raise Conflict("there is no previous adapter to roll back to",
+                               fix="swap in a checkpoint first")
+            started = time.perf_counter()
+            self._adapters.activate(self._adapters.previous)
+            self.last_swap_pause_ms = (time.perf_counter() - started) * 1000
+            return self._adapters.active
+
+    def _apply_pending(self) -> None:
+        """Apply the requested swaps in order. The caller holds self._lock, so the time
+        spent here is time generation is paused."""
+        with self._swaps_lock:
+            pending, self._pending = self._pending, []
+        for swap in pending:
+            started = time.perf_counter()
+            try:
+                if swap.checkpoint_id not in self._adapters:
+                    self._adapters.add(swap.checkpoint_id, swap.peft_config, swap.state_dict)
+                    swap.state_dict = None  # the weights live in the model now
+                self._adapters.activate(swap.checkpoint_id)
+                self.last_swap_error = None
+            except Exception as exc:  # noqa: BLE001 - a bad adapter must not stop the chat
+                log.exception("adapter swap to %s failed", swap.checkpoint_id)
+                swap.error = exc if isinstance(exc, ReinfError) else ModelError(
+                    f"cannot load checkpoint {swap.checkpoint_id}: {exc}",
+                    fix="the active adapter is unchanged; check the checkpoint directory")
+                self.last_swap_error = str(swap.error)
+            finally:
+                swap.pause_ms = (time.perf_counter() - started) * 1000
+                if swap.error is None:
+                    self.last_swap_pause_ms = swap.pause_ms
+
+
+def sample_top_p(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
+    """Draw a token from ``exp(logp)`` restricted to the smallest set of top tokens whose
+    mass reaches ``top_p`` (the most likely token is always kept). ``logp``: (V,)."""
+    probs = logp.exp()
+    if top_p >= 1.0:
+        return int(torch.multinomial(probs, 1, generator=gen))
+    sorted_p, order = probs.sort(descending=True)             # (V,), (V,)
+    keep = (sorted_p.cumsum(0) - sorted_p) < top_p            # mass before each token
+    choice = torch.multinomial(sorted_p * keep, 1, generator=gen)  # unnormalised is fine
+    return int(order[choice])
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "eos_token_id", None)
+        ids.update([value] if isinstance(value, int) else value or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

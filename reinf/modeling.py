@@ -1,0 +1,331 @@
+"""Loading the base model, and turning a conversation into prompt token ids.
+
+``load_model`` reads any Hugging Face causal LM through ``from_pretrained``: a local
+directory and a hub id take the same path (tests load models they saved themselves).
+It picks the device and dtype, applies bitsandbytes quantization where it can, and turns
+every failure into a ``ModelError`` that says what to do. ``build_prompt_ids`` applies the
+tokenizer's chat template to the recent history and trims the oldest turns to fit.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from reinf.config import Config, resolve_model_path
+from reinf.errors import BadInput, ModelError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FALLBACK_CONTEXT = 2048
+# Used only when a tokenizer has none, with a warning: ChatML, as Qwen2 models use it.
+FALLBACK_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+NO_MODEL_FIX = "run `reinf init` or set model_path"
+OOM_FIX = ("use a smaller model, set quantization: 4bit (CUDA only), or lower max_new_tokens "
+           "and max_context_tokens")
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    device: str                 # the device in use: "cuda", "mps" or "cpu"
+    dtype: torch.dtype          # the weights' dtype in use
+    quantization: str           # effective: "none" when the configured one fell back
+    name: str                   # what model_path resolved to (a directory or a hub id)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    device: str
+    dtype: torch.dtype
+    quantization: str
+    warnings: tuple[str, ...] = ()
+
+
+def plan_load(device: str, dtype: str, quantization: str, *, cuda: bool, mps: bool,
+              bf16: bool = True) -> LoadPlan:
+    """Decide device, dtype and quantization from the settings and what the machine has.
+
+    ``auto`` picks cuda, then mps, then cpu. dtype ``auto`` is bf16 on CUDA (fp16 where the
+    GPU lacks bf16) and fp32 elsewhere. Quantization needs CUDA; without it the model loads
+    unquantized and the plan carries a warning that `reinf status` shows.
+    """
+    if device == "auto":
+        device = "cuda" if cuda else "mps" if mps else "cpu"
+    elif device == "cuda" and not cuda:
+        raise ModelError("device is cuda but no CUDA GPU is available",
+                         fix="set device: auto (or cpu)", key="device")
+    elif device == "mps" and not mps:
+        raise ModelError("device is mps but Apple's Metal backend is not available",
+                         fix="set device: auto (or cpu)", key="device")
+    if dtype == "auto":
+        torch_dtype = (torch.bfloat16 if bf16 else torch.float16) if device == "cuda" \
+            else torch.float32
+    else:
+        torch_dtype = DTYPES[dtype]
+    warnings = []
+    if quantization != "none" and device != "cuda":
+        warnings.append(f"quantization {quantization} needs CUDA (bitsandbytes); the model "
+                        f"runs unquantized on {device}")
+        quantization = "none"
+    return LoadPlan(device, torch_dtype, quantization, tuple(warnings))
+
+
+def load_model(config: Config, *, device: str | None = None,
+               for_training: bool = False) -> LoadedModel:
+    """Load model and tokenizer as ``config.model`` says; errors become ``ModelError``.
+
+    ``device`` overrides the configured one. ``for_training`` uses ``ppo.train_device``
+    (``auto`` = the serving device) and leaves the weights' ``requires_grad`` alone; else
+    all base weights are frozen. The model is always returned in eval mode (no dropout).
+    """
+    mcfg = config.model
+    if device is None:
+        device = config.ppo.train_device if for_training and \
+            config.ppo.train_device != "auto" else mcfg.device
+    cuda = torch.cuda.is_available()
+    mps = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    plan = plan_load(device, mcfg.dtype, mcfg.quantization, cuda=cuda, mps=mps,
+                     bf16=cuda and torch.cuda.is_bf16_supported())
+    name = resolve_model_path(config)
+    check_model_path(name, config)
+    model = _load_weights(name, plan, mcfg.trust_remote_code)
+    tokenizer = _load_tokenizer(name, mcfg.trust_remote_code)
+    warnings = list(plan.warnings)
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = FALLBACK_TEMPLATE
+        warnings.append(f"{name} has no chat template; using ChatML, which a base model "
+                        "may not follow")
+    model.eval()
+    if not for_training:
+        model.requires_grad_(False)
+    for w in warnings:
+        log.warning(w)
+    return LoadedModel(model, tokenizer, plan.device, model.dtype, plan.quantization, name,
+                       warnings)
+
+
+def check_model_path(name: str, config: Config) -> None:
+    """A local path must hold a model; a hub id is left to ``from_pretrained``."""
+    path = Path(name)
+    looks_local = path.is_absolute() or name.startswith((".", "~")) or path.exists()
+    if not looks_local:
+        return
+    if not path.exists():
+        raise ModelError(f"no model at {name}", fix=NO_MODEL_FIX, key="model_path")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"no model at {name}: config.json is missing", fix=NO_MODEL_FIX,
+                         key="model_path")
+
+
+def _load_weights(name: str, plan: LoadPlan, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": plan.dtype, "trust_remote_code": trust_remote_code}
+    if plan.quantization != "none":
+        kwargs.update(quantization_config=_bnb_config(plan), device_map={"": 0})
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        if plan.quantization == "none":
+            model.to(plan.device)
+        return model
+    except ModelError:
+        raise
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        raise ModelError(f"out of memory loading {name} on {plan.device}: "
+                         f"{_first_line(exc)}", fix=OOM_FIX) from exc
+    except Exception as exc:  # noqa: BLE001 - every loader failure becomes one clear message
+        raise _explain_load_error(name, exc, trust_remote_code) from exc
+
+
+def _load_tokenizer(name: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelError(f"cannot load the tokenizer of {name}: {_first_line(exc)}",
+                         fix="make sure the model directory holds its tokenizer files "
+                             "(tokenizer.json, tokenizer_config.json)") from exc
+
+
+def _bnb_config(plan: LoadPlan):
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelError(f"quantization {plan.quantization} needs the bitsandbytes package",
+                         fix="pip install 'reinf[cuda]', or set quantization: none",
+                         key="quantization")
+    from transformers import BitsAndBytesConfig
+
+    if plan.quantization == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_compute_dtype=plan.dtype)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def _explain_load_error(name: str, exc: Exception, trust_remote_code: bool) -> ModelError:
+    text = _first_line(exc)
+    if "out of memory" in text.lower() or "can't allocate memory" in text.lower():
+        return ModelError(f"out of memory loading {name}: {text}", fix=OOM_FIX)
+    if "trust_remote_code" in str(exc) and not trust_remote_code:
+        return ModelError(f"{name} needs its own model code from the hub",
+                          fix="set trust_remote_code: true only if you trust its authors",
+                          key="trust_remote_code")
+    path = Path(name)
+    if path.is_dir():
+        bad = find_bad_weights(path)
+        if bad is not None:
+            return ModelError(f"the weights file {bad[0]} is damaged: {bad[1]}",
+                              fix="download or rebuild the model (`reinf init` rebuilds "
+                                  "the demo model)")
+        return ModelError(f"cannot load the model in {name}: {text}",
+                          fix="check that it is a Hugging Face causal LM directory")
+    return ModelError(f"cannot load model '{name}' from the Hugging Face hub: {text}",
+                      fix="check the id and that you are online (or that it was downloaded "
+                          "before), or set model_path to a local directory", key="model_path")
+
+
+def find_bad_weights(model_dir: Path) -> tuple[Path, str] | None:
+    """The first weights file in ``model_dir`` that cannot be read, and why."""
+    from safetensors import safe_open
+
+    for file in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    f.get_slice(key)
+        except Exception as exc:  # noqa: BLE001
+            return file, _first_line(exc)
+    for file in sorted(model_dir.glob("*.bin")):
+        try:
+            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # noqa: BLE001
+            return file, _first_line(exc)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+# --- context -----------------------------------------------------------------------------
+
+def get_context_limit(model, tokenizer, max_context_tokens: int = 0) -> int:
+    """How many tokens (prompt + reply) one reply may use.
+
+    The model's own limit comes from its config (``max_position_embeddings`` and kin),
+    else the tokenizer's ``model_max_length``. ``max_context_tokens`` > 0 lowers it; it never
+    raises it past what the model was built for.
+    """
+    cfg = getattr(model, "config", None)
+    own = None
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and value > 0:
+            own = value
+            break
+    if own is None:
+        value = getattr(tokenizer, "model_max_length", None)
+        own = value if isinstance(value, int) and 0 < value < 10_000_000 else FALLBACK_CONTEXT
+    return min(own, max_context_tokens) if max_context_tokens > 0 else own
+
+
+def build_prompt_ids(tokenizer, history: Sequence[tuple[str, str]], message: str, *,
+                     max_history: int, max_context_tokens: int,
+                     max_new_tokens: int) -> list[int]:
+    """Prompt token ids for ``message`` after ``history`` (``[(user, reply), ...]``, oldest
+    first), through the tokenizer's chat template, ending with the assistant header.
+
+    Only the last ``max_history`` turns are sent. Then the oldest turns are dropped until
+    prompt + ``max_new_tokens`` fits ``max_context_tokens`` (0: the tokenizer's own limit).
+    A message that does not fit on its own is refused, never cut silently. Control tokens
+    typed into a message (``<|im_end|>``) are encoded as plain text where the tokenizer
+    supports it, so a message cannot forge a turn.
+    """
+    limit = max_context_tokens or get_context_limit(None, tokenizer)
+    turns = list(history)[-max_history:] if max_history > 0 else []
+    while True:
+        ids = render_chat(tokenizer, turns, message)
+        if len(ids) + max_new_tokens <= limit:
+            return ids
+        if not turns:
+            break
+        turns = turns[1:]
+    room = limit - max_new_tokens
+    if room <= 0:
+        raise BadInput(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the "
+                       f"model's context of {limit} tokens", fix="lower max_new_tokens")
+    raise BadInput(f"message too long for the model's context: {len(ids)} tokens, limit "
+                   f"{room}", fix="shorten the message (or lower max_new_tokens)")
+
+
+def render_chat(tokenizer, turns: Sequence[tuple[str, str]], message: str) -> list[int]:
+    messages = []
+    for user, reply in turns:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    messages.append({"role": "user", "content": message})
+    extra = {"sanitize_control_tokens": True} if _can_sanitize(type(tokenizer)) else {}
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        return_dict=True, **extra)
+    return list(out["input_ids"])
+
+
+@functools.lru_cache(maxsize=None)
+def _can_sanitize(tokenizer_type: type) -> bool:
+    """transformers 5.x can encode control tokens found in messages as text; 4.x cannot."""
+    return "sanitize_control_tokens" in inspect.signature(
+        tokenizer_type.apply_chat_template).parameters
+
+
+class Detokenizer:
+    """Turns token ids into text deltas as they come (O(1) work per token).
+
+    It decodes a short window (from the previous delta's start) and emits only the new
+    part, holding back while the tail is an incomplete UTF-8 character (shown as U+FFFD).
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix = 0   # window start
+        self._read = 0     # ids up to here are already in self.text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True,
+                                     clean_up_tokenization_spaces=False)
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        before = self._decode(self.ids[self._prefix:self._read])
+        now = self._decode(self.ids[self._prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd") and now.startswith(before):
+            delta = now[len(before):]
+            self._prefix, self._read = self._read, len(self.ids)
+            self.text += delta
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        if self._read == len(self.ids):
+            return ""
+        before = self._decode(self.ids[self._prefix:self._read])
+        now = self._decode(self.ids[self._prefix:])
+        delta = now[len(before):] if now.startswith(before) else ""
+        self._read = len(self.ids)
+        self.text += delta
+        return delta

@@ -1,0 +1,299 @@
+"""The terminal chat loop behind ``reinf chat``.
+
+The loop talks to a ``Backend``: ``LocalBackend`` runs the model in this process
+(ChatService + Store); an HTTP client of a running daemon (reinf/client.py) implements
+the same protocol. Turns and ratings cross it as the JSON dicts of the HTTP API
+(``TurnRecord.to_dict()``, ``RatingRecord.to_dict()``), so both behave the same here.
+
+Keys: Ctrl-C during a reply stops it (the partial reply is stored, marked interrupted);
+Ctrl-C or Ctrl-D at a prompt leaves.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Callable, Iterator, Protocol, TextIO
+
+from reinf.errors import BadInput, ReinfError
+from reinf.store import check_score, check_tags
+
+RATE_PROMPT = "rate 1-5 (Enter to skip), tags after a space: "
+USER_PROMPT = "you> "
+BOT_PREFIX = "bot> "
+HELP = """commands:
+  /new          start a new conversation
+  /history      this conversation's turns and ratings
+  /rate N [TAGS] rate the last reply N (1-5), tags comma-separated: /rate 2 too long,wrong
+  /undo         remove the last rating made in this session
+  /quit         leave (also Ctrl-D)
+Ctrl-C stops a reply; the part you saw is kept. Start a message with // to send a leading /."""
+
+
+class ReplyHandle(Protocol):
+    conversation_id: int
+
+    def __iter__(self) -> Iterator[str]: ...          # text deltas as they are generated
+    def stop(self) -> None: ...                       # end the reply early
+    def result(self) -> dict: ...                     # the stored turn (TurnRecord.to_dict())
+
+
+class Backend(Protocol):
+    def describe(self) -> str: ...                    # one line: model and checkpoint
+    def send_stream(self, message: str, conversation_id: int | None) -> ReplyHandle: ...
+    def rate(self, turn_id: int, score: int, tags: list[str]) -> dict: ...
+    def undo(self, turn_id: int | None = None) -> dict | None: ...   # the removed rating
+    def history(self, conversation_id: int, limit: int = 20) -> list[dict]: ...  # oldest first
+    def new_conversation(self) -> int | None: ...     # None: the next message starts one
+
+
+class _LocalHandle:
+    def __init__(self, chat):
+        self._chat = chat
+        self.conversation_id = chat.conversation_id
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._chat)
+
+    def stop(self) -> None:
+        self._chat.stop()
+
+    def result(self) -> dict:
+        return self._chat.wait().to_dict()
+
+
+class LocalBackend:
+    """The model runs in this process."""
+
+    def __init__(self, service, store):
+        self.service = service
+        self.store = store
+
+    def describe(self) -> str:
+        d = self.service.engine.describe()
+        return (f"{d['model_name']} on {d['device_in_use']} ({d['dtype']}), "
+                f"checkpoint {d['active_checkpoint']}")
+
+    def send_stream(self, message: str, conversation_id: int | None) -> ReplyHandle:
+        return _LocalHandle(self.service.stream(message, conversation_id))
+
+    def rate(self, turn_id: int, score: int, tags: list[str]) -> dict:
+        return self.store.rate(turn_id, score, tags=tags).to_dict()
+
+    def undo(self, turn_id: int | None = None) -> dict | None:
+        removed = self.store.undo_rating(turn_id)
+        return removed.to_dict() if removed else None
+
+    def history(self, conversation_id: int, limit: int = 20) -> list[dict]:
+        return [t.to_dict() for t in self.store.conversation_turns(conversation_id)[-limit:]]
+
+    def new_conversation(self) -> int | None:
+        return None  # created with its first message, so /new twice leaves no empty ones
+
+
+def parse_rating(line: str) -> tuple[int, list[str]]:
+    """``"4 too long,wrong"`` -> ``(4, ["too long", "wrong"])``; BadInput otherwise."""
+    score_text, _, tags_text = line.strip().partition(" ")
+    if not score_text.isdigit():
+        raise BadInput(f"{score_text!r} is not a score")
+    return check_score(int(score_text)), check_tags(tags_text)
+
+
+class Repl:
+    QUIT = object()
+
+    def __init__(self, backend: Backend, *, conversation_id: int | None = None,
+                 read: Callable[[str], str] = input, out: TextIO | None = None):
+        self.backend = backend
+        self.conversation_id = conversation_id
+        self.read = read
+        self.out = out or sys.stdout
+        self.last_turn: dict | None = None
+        self.rated: list[int] = []   # turns rated in this session, newest last (for /undo)
+
+    def say(self, text: str = "", end: str = "\n") -> None:
+        self.out.write(text + end)
+        self.out.flush()
+
+    def run(self) -> int:
+        self.say(f"reinf chat — {self.backend.describe()}")
+        self.say("Rate each reply 1-5 (Enter skips). /help for commands, Ctrl-D to leave.")
+        if self.conversation_id is not None:
+            self.say(f"continuing conversation {self.conversation_id}")
+        while True:
+            try:
+                line = self.read(USER_PROMPT)
+            except (EOFError, KeyboardInterrupt):
+                self.say()
+                return 0
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/") and not line.startswith("//"):
+                if self.command(line) is self.QUIT:
+                    return 0
+                continue
+            turn = self.chat(line[1:] if line.startswith("//") else line)
+            if turn is not None and self.ask_rating(turn) is self.QUIT:
+                return 0
+
+    def chat(self, message: str) -> dict | None:
+        """Send one message, stream the reply; Ctrl-C stops it. Returns the stored turn."""
+        try:
+            handle = self.backend.send_stream(message, self.conversation_id)
+        except ReinfError as exc:
+            self.say(f"error: {exc}")
+            return None
+        self.conversation_id = handle.conversation_id
+        self.say(BOT_PREFIX, end="")
+        try:
+            for delta in handle:
+                self.say(printable(delta), end="")
+        except KeyboardInterrupt:
+            handle.stop()
+        except ReinfError as exc:
+            self.say(f"\nerror: {exc}")
+            return None
+        try:
+            turn = handle.result()
+        except ReinfError as exc:
+            self.say(f"\nerror: {exc}")
+            return None
+        self.say()
+        if turn.get("interrupted"):
+            self.say(f"[stopped after {turn['reply_tokens']} tokens; kept as turn "
+                     f"{turn['turn_id']}, marked interrupted]")
+        self.last_turn = turn
+        return turn
+
+    def ask_rating(self, turn: dict):
+        while True:
+            try:
+                line = self.read(RATE_PROMPT).strip()
+            except (EOFError, KeyboardInterrupt):
+                self.say()
+                return self.QUIT
+            if not line:
+                return None
+            if line.startswith("/"):
+                return self.command(line)
+            try:
+                score, tags = parse_rating(line)
+            except BadInput as exc:
+                self.say(f"{exc.message} — type a score 1-5, optionally followed by tags "
+                         "(e.g. `4 too long,wrong`), or press Enter to skip")
+                continue
+            return self.rate(turn["turn_id"], score, tags)
+
+    def rate(self, turn_id: int, score: int, tags: list[str]) -> None:
+        try:
+            rating = self.backend.rate(turn_id, score, tags)
+        except ReinfError as exc:
+            self.say(f"error: {exc}")
+            return
+        if turn_id in self.rated:
+            self.rated.remove(turn_id)
+        self.rated.append(turn_id)
+        self.say(f"rated turn {turn_id}: {rating['score']}"
+                 + (f" [{', '.join(rating['tags'])}]" if rating["tags"] else ""))
+
+    def command(self, line: str):
+        name, _, arg = line.partition(" ")
+        name = name.lower()
+        if name in ("/quit", "/exit", "/q"):
+            return self.QUIT
+        if name == "/help":
+            self.say(HELP)
+        elif name == "/new":
+            self.conversation_id = self.backend.new_conversation()
+            self.last_turn = None
+            self.say("new conversation")
+        elif name == "/history":
+            self.show_history()
+        elif name == "/rate":
+            if self.last_turn is None:
+                self.say("nothing to rate yet — send a message first")
+                return None
+            try:
+                score, tags = parse_rating(arg)
+            except BadInput as exc:
+                self.say(f"{exc.message} — usage: /rate N [tags], N from 1 to 5")
+                return None
+            self.rate(self.last_turn["turn_id"], score, tags)
+        elif name == "/undo":
+            self.undo()
+        else:
+            self.say(f"unknown command {name} — /help lists them")
+        return None
+
+    def undo(self) -> None:
+        if not self.rated:
+            self.say("no rating to undo in this session (`reinf undo` removes older ones)")
+            return
+        turn_id = self.rated.pop()
+        try:
+            removed = self.backend.undo(turn_id)
+        except ReinfError as exc:
+            self.say(f"error: {exc}")
+            return
+        self.say(f"removed rating {removed['score']} from turn {turn_id}" if removed
+                 else f"turn {turn_id} has no rating any more")
+
+    def show_history(self) -> None:
+        if self.conversation_id is None:
+            self.say("no turns yet in this conversation")
+            return
+        try:
+            turns = self.backend.history(self.conversation_id)
+        except ReinfError as exc:
+            self.say(f"error: {exc}")
+            return
+        for t in turns:
+            r = t.get("rating")
+            mark = (f"★{r['score']}" + (f" [{', '.join(r['tags'])}]" if r["tags"] else "")) \
+                if r else "unrated"
+            stopped = " (interrupted)" if t.get("interrupted") else ""
+            self.say(f"#{t['turn_id']} {mark}{stopped}")
+            self.say(f"  you: {_clip(t['user_message'])}")
+            self.say(f"  bot: {_clip(t['reply'])}")
+
+
+def printable(text: str) -> str:
+    """Model output without control characters (but newlines and tabs), so a reply cannot
+    send escape sequences to the terminal."""
+    return "".join(c for c in text if c in "\n\t" or (c.isprintable() or c == " "))
+
+
+def _clip(text: str, n: int = 100) -> str:
+    flat = " ".join(printable(text).split())
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
+
+
+# --- is a daemon running? -------------------------------------------------------------
+
+def daemon_url(host: str, port: int) -> str:
+    """The URL a local client uses for a daemon bound to ``host``:``port``."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def probe_daemon(url: str, *, token: str | None = None, timeout: float = 2.0) -> bool:
+    """True when a Reinf daemon answers GET {url}/api/status with its status object.
+
+    Where nothing listens the connection is refused at once; the timeout only bounds a
+    server that accepted the connection (a busy daemon answers within it)."""
+    request = urllib.request.Request(url.rstrip("/") + "/api/status",
+                                     headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            data = json.load(response)
+            return response.status == 200 and isinstance(data, dict) and "data_dir" in data
+    except (OSError, ValueError, urllib.error.URLError):
+        return False

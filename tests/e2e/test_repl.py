@@ -1,0 +1,164 @@
+"""`reinf chat` as a real terminal program (pexpect) and as a script (`--once --json`)."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pexpect
+import pytest
+
+from conftest import clean_env
+from reinf.config import load_config
+from reinf.repl import RATE_PROMPT, USER_PROMPT
+from reinf.store import Store
+from tiny import make_tiny_model
+
+pytestmark = pytest.mark.e2e
+REINF = [sys.executable, "-m", "reinf"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("repl") / "tiny", seed=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chat_env(home, model, **extra):
+    # PORT: a port where no daemon listens, so chat runs the model in-process
+    return clean_env(home, MODEL_PATH=str(model), PORT=str(free_port()), **extra)
+
+
+def open_store(home) -> Store:
+    return Store.open(load_config(environ={"REINF_HOME": str(home)}))
+
+
+def spawn_chat(home, env, tmp_path):
+    child = pexpect.spawn(REINF[0], REINF[1:] + ["chat"], env=env, cwd=str(tmp_path),
+                          encoding="utf-8", timeout=120, dimensions=(40, 200))
+    child.expect_exact(USER_PROMPT)
+    return child
+
+
+def test_chat_rate_undo_quit_in_a_terminal(tiny, home, tmp_path):
+    child = spawn_chat(home, chat_env(home, tiny, MAX_NEW_TOKENS="8"), tmp_path)
+    child.sendline("Hello there")
+    child.expect_exact("bot> ")
+    child.expect_exact(RATE_PROMPT)
+    child.sendline("4 too long,wrong")
+    child.expect_exact("rated turn 1: 4 [too long, wrong]")
+    child.expect_exact(USER_PROMPT)
+    child.sendline("Second question")
+    child.expect_exact(RATE_PROMPT)
+    child.sendline("great")
+    child.expect_exact("'great' is not a score")
+    child.expect_exact(RATE_PROMPT)
+    child.sendline("")  # Enter skips
+    child.expect_exact(USER_PROMPT)
+    child.sendline("/rate 2 wrong")
+    child.expect_exact("rated turn 2: 2 [wrong]")
+    child.sendline("/undo")
+    child.expect_exact("removed rating 2 from turn 2")
+    child.sendline("/history")
+    child.expect_exact("#1 ★4 [too long, wrong]")
+    child.expect_exact("#2 unrated")
+    child.expect_exact(USER_PROMPT)
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+    store = open_store(home)
+    first, second = store.history(limit=None, oldest_first=True)
+    assert first.conversation_id == second.conversation_id
+    assert (first.rating.score, first.rating.tags) == (4, ["too long", "wrong"])
+    assert second.rating is None and not second.interrupted
+    assert len(second.reply_ids) == len(second.logprobs) == 8
+    assert second.gen_params["max_new_tokens"] == 8 and second.model == str(tiny)
+    # the second prompt carried the first turn, through the chat template
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny)
+    assert tok.decode(second.prompt_ids) == (
+        f"<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n{first.reply}"
+        "<|im_end|>\n<|im_start|>user\nSecond question<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def long_tiny(tmp_path_factory):
+    # At temperature 0.01 this random model repeats one token and never picks EOS: a reply
+    # that runs until it is stopped.
+    return make_tiny_model(tmp_path_factory.mktemp("repl") / "long", seed=0, max_positions=4096)
+
+
+def test_ctrl_c_stops_a_reply_and_keeps_it_marked_interrupted(long_tiny, home, tmp_path):
+    env = chat_env(home, long_tiny, MAX_NEW_TOKENS="3000", TEMPERATURE="0.01")
+    child = spawn_chat(home, env, tmp_path)
+    child.sendline("Tell me a long story")
+    child.expect_exact("bot> ")
+    time.sleep(1.0)
+    child.sendintr()
+    child.expect(r"stopped after (\d+) tokens; kept as turn (\d+), marked interrupted",
+                 timeout=30)
+    tokens, turn_id = int(child.match.group(1)), int(child.match.group(2))
+    child.expect_exact(RATE_PROMPT)
+    child.sendline("1")
+    child.expect_exact(f"rated turn {turn_id}: 1")
+    child.expect_exact(USER_PROMPT)
+    child.sendintr()  # Ctrl-C at the prompt leaves cleanly
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+    turn = open_store(home).get_turn(turn_id)
+    assert turn.interrupted and turn.rating.score == 1
+    assert 0 < len(turn.reply_ids) == tokens < 3000
+    assert len(turn.logprobs) == tokens
+
+
+def test_once_json_continues_a_conversation(tiny, home, tmp_path):
+    store = open_store(home)
+    conv = store.create_conversation().id
+    store.append_turn(conv, "Earlier question", "Earlier answer")
+    env = chat_env(home, tiny, MAX_NEW_TOKENS="6")
+    done = subprocess.run(REINF + ["chat", "--once", "Hello there", "--json",
+                                   "--conversation", str(conv)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert set(out) == {"turn_id", "conversation_id", "reply", "checkpoint_id", "interrupted",
+                        "ttft_ms", "latency_ms", "reply_tokens"}
+    turn = store.get_turn(out["turn_id"])
+    assert (turn.conversation_id, turn.index, turn.reply) == (conv, 2, out["reply"])
+    assert out["checkpoint_id"] == "base" and out["interrupted"] is False
+    assert out["reply_tokens"] == len(turn.reply_ids) == len(turn.logprobs) <= 6
+    assert out["ttft_ms"] > 0 and out["latency_ms"] >= out["ttft_ms"]
+
+
+def test_an_explicit_url_without_a_daemon_is_a_clear_error(invoke):
+    url = f"http://127.0.0.1:{free_port()}"
+    result = invoke("chat", "--url", url, "--once", "hi")
+    assert result.exit_code == 1
+    assert f"no Reinf daemon answers at {url}" in result.output
+    assert "reinf serve" in result.output
+
+
+def test_an_unknown_conversation_fails_before_loading_anything(invoke, monkeypatch):
+    monkeypatch.setenv("PORT", str(free_port()))
+    result = invoke("chat", "--conversation", "42", "--once", "hi")
+    assert result.exit_code == 1 and "no conversation 42" in result.output
+
+
+def test_a_missing_model_is_one_clear_line(invoke, monkeypatch, tmp_path):
+    monkeypatch.setenv("PORT", str(free_port()))
+    monkeypatch.setenv("MODEL_PATH", str(tmp_path / "no-model"))
+    result = invoke("chat", "--once", "hi")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"no model at {tmp_path / 'no-model'} — run `reinf init` or set model_path" \
+        in result.output
