@@ -101,6 +101,13 @@ class PPOConfig:
     ppo_clip: float = setting(0.2, "clip range of the policy ratio", min=0.0, max=10.0)
     value_clip: float = setting(0.2, "clip range of the value update", min=0.0, max=100.0)
     vf_coef: float = setting(0.5, "weight of the value loss", min=0.0)
+    ent_coef: float = setting(0.0, "weight of the entropy bonus", min=0.0)
+    dual_clip: float = setting(3.0, "bound on the loss of stale samples with huge ratios; 0 = off",
+                               min=0.0)
+    value_detach: bool = setting(True, "the value head reads detached hidden states (trains only "
+                                       "itself)")
+    normalize_rewards: bool = setting(False, "divide rewards by their running std (stats are "
+                                             "always reported)")
     max_grad_norm: float = setting(1.0, "gradient-norm clip", min=0.0)
     kl_coef: float = setting(0.05, "initial per-token KL penalty to the base model", min=0.0)
     adaptive_kl: bool = setting(True, "adapt kl_coef to hold KL near kl_target")

@@ -1,0 +1,227 @@
+"""Checkpoint directories: atomic write, load, retention.
+
+A checkpoint lives in ``<data_dir>/checkpoints/<id>/`` and holds:
+
+- ``adapter_config.json`` + ``adapter_model.safetensors``: the PEFT adapter, loadable with
+  ``PeftModel.from_pretrained(base, path)``;
+- ``value_head.safetensors``: the PPO value head;
+- ``trainer_state.pt``: optimizer state, KL controller, running reward statistics and the
+  round / step counters (plain tensors and numbers: loads with ``weights_only=True``);
+- ``metrics.json``: the round's metrics and lineage (id, parent_id, run_id), written last.
+
+It is written into ``.tmp-<id>-<pid>-<random>`` beside its final place and renamed into
+place in one step, so a crash leaves either a complete checkpoint or a ``.tmp-*`` directory
+that nothing loads (the loader refuses both ``.tmp-*`` names and incomplete file sets) and
+that the next round removes once its writer process is gone.
+
+torch is imported only where tensors are read or written, so that checking, cleaning and
+retention stay cheap for the daemon and for a round that finds nothing to do.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from reinf.errors import TrainingError
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+VALUE_HEAD = "value_head.safetensors"
+TRAINER_STATE = "trainer_state.pt"
+METRICS = "metrics.json"
+REQUIRED = ADAPTER_FILES + (VALUE_HEAD, TRAINER_STATE, METRICS)
+TMP_PREFIX = ".tmp-"
+
+
+def root_dir(config) -> Path:
+    return config.data_dir / "checkpoints"
+
+
+def create_checkpoint_id(round_number: int, now: datetime | None = None) -> str:
+    """Sortable and unique: ``r0007-20250101-120000-3fa2``."""
+    now = now or datetime.now(timezone.utc)
+    return f"r{round_number:04d}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def is_complete(path: Path) -> bool:
+    """A real checkpoint: not a temporary directory, and every file present."""
+    path = Path(path)
+    return (path.is_dir() and not path.name.startswith(TMP_PREFIX)
+            and all((path / name).is_file() for name in REQUIRED))
+
+
+def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
+                     state: dict[str, Any], metrics: dict[str, Any]) -> Path:
+    """Write a checkpoint atomically and return its final path.
+
+    ``model`` is the PEFT model (``save_pretrained`` writes only the adapter).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_id
+    if final.exists():
+        raise TrainingError(f"checkpoint {checkpoint_id} already exists at {final}")
+    tmp = root / f"{TMP_PREFIX}{checkpoint_id}-{os.getpid()}-{secrets.token_hex(3)}"
+    tmp.mkdir()
+    try:
+        model.save_pretrained(str(tmp))
+        save_file({k: v.detach().float().cpu().contiguous()
+                   for k, v in value_head.state_dict().items()}, str(tmp / VALUE_HEAD))
+        torch.save(state, tmp / TRAINER_STATE)
+        # metrics.json last: its presence marks the set complete.
+        (tmp / METRICS).write_text(json.dumps(jsonable(metrics), indent=2, sort_keys=True),
+                                   encoding="utf-8")
+        _fsync_tree(tmp)
+        publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(root)
+    return final
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """The one step that makes a checkpoint visible (a directory rename; atomic on POSIX)."""
+    os.rename(tmp, final)
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    value_head: dict[str, Any]          # name -> tensor
+    state: dict[str, Any]
+    metrics: dict[str, Any]
+
+
+def load_checkpoint(path: Path) -> LoadedCheckpoint:
+    """The value head, trainer state and metrics of a complete checkpoint.
+
+    The adapter itself is loaded by the caller with ``PeftModel.from_pretrained(base, path)``.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not is_complete(path):
+        missing = [n for n in REQUIRED if not (path / n).is_file()] if path.is_dir() else ["all"]
+        raise TrainingError(f"checkpoint {path} is incomplete (missing: {', '.join(missing)})",
+                            fix="roll back to another checkpoint with `reinf rollback`, "
+                                "or to the base model with `reinf rollback base`")
+    return LoadedCheckpoint(
+        path=path, value_head=load_file(str(path / VALUE_HEAD)),
+        state=torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True),
+        metrics=json.loads((path / METRICS).read_text(encoding="utf-8")))
+
+
+def clean_stray(root: Path) -> list[Path]:
+    """Remove ``.tmp-*`` directories whose writer process has gone (a crash mid-write)."""
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for path in root.iterdir():
+        if path.is_dir() and path.name.startswith(TMP_PREFIX) and not _writer_alive(path.name):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _writer_alive(name: str) -> bool:
+    # .tmp-<id>-<pid>-<hex>; the id has dashes of its own, so read from the right.
+    try:
+        pid = int(name.rsplit("-", 2)[1])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False  # our own leftover from an earlier, failed write
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- retention --------------------------------------------------------------------------
+
+def score(metrics: dict[str, Any]) -> float:
+    """How retention ranks checkpoints: the mean mapped reward of the round that made it."""
+    value = metrics.get("reward_mean")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else -math.inf
+
+
+def apply_retention(store, root: Path, keep_best: int) -> list[str]:
+    """Keep the active checkpoint, its parent and the ``keep_best`` best promoted ones;
+    delete the other promoted checkpoints' files and mark their rows ``deleted``.
+
+    Rejected rows keep their status (their files are never kept; see trainer.py).
+    Only directories inside ``root`` are ever removed.
+    """
+    root = Path(root).resolve()
+    rows = store.list_checkpoints()
+    keep = set()
+    for row in rows:
+        if row.active:
+            keep |= {row.id, row.parent_id}
+    promoted = [r for r in rows if r.status == "promoted"]
+    ranked = sorted(promoted, key=lambda r: (score(r.metrics), r.created_at, r.id), reverse=True)
+    keep |= {r.id for r in ranked[:keep_best]}
+    deleted = []
+    for row in promoted:
+        if row.id in keep:
+            continue
+        remove_files(root, Path(row.path))
+        store.set_checkpoint_status(row.id, "deleted")
+        deleted.append(row.id)
+    return deleted
+
+
+def remove_files(root: Path, path: Path) -> None:
+    path = path.resolve()
+    if path.parent == Path(root).resolve() and path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; the run row says why the round was rejected
+    if hasattr(value, "tolist"):  # a tensor or numpy value
+        return jsonable(value.tolist())
+    return value
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in path.iterdir():
+        if file.is_file():
+            with open(file, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

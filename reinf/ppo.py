@@ -1,0 +1,458 @@
+"""PPO on rated replies: value head, GAE, weighted whitening, losses, KL control, update loop.
+
+Read it top to bottom like CleanRL's ppo.py: the round's batch (``b_*`` tensors), the
+no-grad pass that gives the old policy, the reference and the values, per-token rewards,
+GAE, whitening, then epochs over shuffled minibatches (``mb_*`` tensors), then the log.
+
+Each rated turn is one episode: the prompt is the state, the reply tokens are the actions,
+the mapped rating is the reward at the last reply token. Shapes: B rated turns, T reply
+tokens (right-padded, ``mask`` marks real ones), L prompt+reply tokens, H hidden, V vocab.
+
+Three log-probs per reply token, all ``log_softmax(logits / temperature)`` in fp32 with the
+sample's own sampling temperature:
+- behaviour: stored when the reply was sampled, under whatever adapter was live then. The
+  PPO ratio ``exp(logp_new - logp_behaviour)`` is taken against it, because ratings arrive
+  after the adapter may have changed (the off-policy correction; it is exactly 1 when the
+  adapter has not changed since);
+- old: under the adapter as it is at the start of the round (no grad). It feeds the KL
+  penalty and ``approx_kl``, which measures how far *this round* moved the policy;
+- ref: the same model with the adapter disabled (no second copy of the model).
+
+KL figures (``kl``, ``kl_target``, ``kl_max``) are per reply token, averaged over the
+round's tokens, in nats: ``kl`` is the exact KL(policy || base) over the whole vocabulary
+at each reply position, measured after the update; it drives the promotion gate and the
+adaptive controller. The per-token penalty uses the sampled-token estimate
+``logp_old - logp_ref``.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+# --- the round's batch ------------------------------------------------------------------
+
+@dataclass
+class Rollout:
+    """B rated turns as right-padded tensors (on the training device)."""
+    input_ids: Tensor       # (B, L) prompt + reply, padded with 0
+    attention_mask: Tensor  # (B, L)
+    positions: Tensor       # (B, T) index in input_ids whose logits predict reply token t
+    actions: Tensor         # (B, T) reply token ids
+    mask: Tensor            # (B, T) 1.0 on real reply tokens
+    logp_behaviour: Tensor  # (B, T) stored behaviour log-probs
+    temperature: Tensor     # (B,) sampling temperature of each reply
+    rewards: Tensor         # (B,) mapped reward, given at the last reply token
+    weights: Tensor         # (B,) sample weights from the reward mapper
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, idx: Tensor) -> "Rollout":
+        """The rows ``idx``, trimmed to their own longest sequence and reply."""
+        n_ctx = int(self.attention_mask[idx].sum(1).max())
+        n_reply = int(self.mask[idx].sum(1).max())
+        return Rollout(self.input_ids[idx, :n_ctx], self.attention_mask[idx, :n_ctx],
+                       self.positions[idx, :n_reply], self.actions[idx, :n_reply],
+                       self.mask[idx, :n_reply], self.logp_behaviour[idx, :n_reply],
+                       self.temperature[idx], self.rewards[idx], self.weights[idx])
+
+
+def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu") -> Rollout:
+    """``episodes``: (prompt_ids, reply_ids, logprobs, temperature, reward, weight) each."""
+    n_ctx = max(len(p) + len(r) for p, r, *_ in episodes)
+    n_reply = max(len(r) for _, r, *_ in episodes)
+    b = len(episodes)
+    input_ids = torch.zeros(b, n_ctx, dtype=torch.long)
+    attention = torch.zeros(b, n_ctx, dtype=torch.long)
+    positions = torch.zeros(b, n_reply, dtype=torch.long)
+    actions = torch.zeros(b, n_reply, dtype=torch.long)
+    mask = torch.zeros(b, n_reply)
+    logp = torch.zeros(b, n_reply)
+    for i, (prompt, reply, lps, *_rest) in enumerate(episodes):
+        p, r = len(prompt), len(reply)
+        input_ids[i, :p + r] = torch.tensor(list(prompt) + list(reply))
+        attention[i, :p + r] = 1
+        positions[i, :r] = torch.arange(p - 1, p + r - 1)  # logits at j predict token j+1
+        actions[i, :r] = torch.tensor(list(reply))
+        mask[i, :r] = 1.0
+        logp[i, :r] = torch.tensor(list(lps), dtype=torch.float32)
+    temps, rewards, weights = (torch.tensor([float(e[k]) for e in episodes]) for k in (3, 4, 5))
+    return Rollout(*(t.to(device) for t in (input_ids, attention, positions, actions, mask, logp,
+                                            temps, rewards, weights)))
+
+
+# --- the policy: LoRA model + value head --------------------------------------------------
+
+class ValueHead(nn.Module):
+    """A linear value estimate on the policy's last hidden states, zero-initialised so the
+    first round's advantages are the plain returns."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.summary = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.summary.weight)
+        nn.init.zeros_(self.summary.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:  # (B, T, H) -> (B, T), fp32
+        return self.summary(hidden.float()).squeeze(-1)
+
+
+@dataclass
+class Step:
+    """What one forward pass gives for the reply tokens."""
+    logp: Tensor                    # (B, T) log-prob of each reply token
+    entropy: Tensor                 # (B, T) entropy of the tempered distribution
+    values: Tensor | None           # (B, T)
+    logp_all: Tensor | None = None  # (B, T, V) when asked for (exact KL)
+
+
+@dataclass
+class Policy:
+    model: nn.Module                   # PEFT-wrapped causal LM
+    value_head: ValueHead
+    amp_dtype: torch.dtype | None = None  # bf16 autocast on CUDA
+    detach_value: bool = True          # value loss trains the head only, never the adapter
+
+    def forward(self, mb: Rollout, *, adapter: bool = True, values: bool = True,
+                full: bool = False, entropy_grad: bool = False) -> Step:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        device = mb.input_ids.device
+        off = self.model.disable_adapter() if not adapter else contextlib.nullcontext()
+        amp = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
+               else contextlib.nullcontext())
+        with off, amp:
+            hidden = base.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                        use_cache=False).last_hidden_state  # (B, L, H)
+            # Only the reply positions go through the LM head: (B, T, V) instead of (B, L, V).
+            h = hidden.gather(1, mb.positions[..., None].expand(-1, -1, hidden.shape[-1]))
+            logits = base.get_output_embeddings()(h)  # (B, T, V)
+        logp_all = torch.log_softmax(logits.float() / mb.temperature[:, None, None], dim=-1)
+        logp = logp_all.gather(-1, mb.actions[..., None]).squeeze(-1)
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)  # a (B, T, V) graph only if asked
+        v = self.value_head(h.detach() if self.detach_value else h) if values else None
+        return Step(logp, entropy, v, logp_all if full else None)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Trainable tensors in a fixed order (the optimizer state depends on it)."""
+        lora = [p for _, p in sorted(self.model.named_parameters()) if p.requires_grad]
+        return lora + list(self.value_head.parameters())
+
+
+@contextlib.contextmanager
+def update_mode(model: nn.Module, gradient_checkpointing: bool = False):
+    """Dropout off while gradients flow. eval() does it, but transformers only checkpoints
+    activations in train mode, so then we stay in train mode with every dropout at 0."""
+    was_training = model.training
+    saved: list[tuple[nn.Module, str, float]] = []
+    if gradient_checkpointing:
+        model.train()
+        for module in model.modules():
+            for name in ("p", "attention_dropout"):
+                value = getattr(module, name, None)
+                if (name == "p" and isinstance(module, nn.Dropout)) or \
+                        (name == "attention_dropout" and isinstance(value, float)):
+                    saved.append((module, name, value))
+                    setattr(module, name, 0.0)
+    else:
+        model.eval()
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+        model.train(was_training)
+
+
+# --- rewards, GAE, whitening ----------------------------------------------------------------
+
+def build_token_rewards(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor,
+                        kl_coef: float) -> Tensor:
+    """r_t = -kl_coef (logp_t - logp_ref_t) on each reply token, + the reward at the last."""
+    token_rewards = -kl_coef * (logp - logp_ref) * mask  # (B, T)
+    last = (mask.sum(1).long() - 1).clamp_min(0)         # (B,)
+    token_rewards[torch.arange(len(rewards)), last] += rewards
+    return token_rewards
+
+
+def compute_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+                ) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over right-padded episodes -> (advantages, returns).
+
+    The value after an episode's last token is 0 (the episode ends there).
+    """
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(rewards[:, 0])
+    n = rewards.shape[1]
+    for t in reversed(range(n)):
+        next_mask = mask[:, t + 1] if t + 1 < n else torch.zeros_like(mask[:, 0])
+        next_value = values[:, t + 1] * next_mask if t + 1 < n else torch.zeros_like(last_gae)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last_gae = delta + gamma * lam * next_mask * last_gae
+        advantages[:, t] = last_gae * mask[:, t]
+    return advantages, (advantages + values) * mask
+
+
+def weighted_mean(x: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
+    """Mean of x (B, T) over real tokens, each episode counted with its weight (B,)."""
+    w = mask * weights[:, None]
+    return (x * w).sum() / w.sum().clamp_min(1e-8)
+
+
+def whiten(x: Tensor, mask: Tensor, weights: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / std with the sample weights, over real tokens; padding stays 0."""
+    mean = weighted_mean(x, mask, weights)
+    var = weighted_mean((x - mean) ** 2, mask, weights)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+# --- losses and diagnostics ---------------------------------------------------------------
+
+def policy_loss(logratio: Tensor, advantages: Tensor, clip: float, dual_clip: float = 0.0
+                ) -> Tensor:
+    """Per-token clipped surrogate, as a loss (B, T). ``dual_clip`` c > 1 also bounds the
+    loss of a negative advantage at -c·A, so a stale sample with a huge ratio cannot blow
+    up the step (Ye et al. 2020); 0 turns it off."""
+    ratio = logratio.exp()
+    loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip))
+    if dual_clip > 1:
+        loss = torch.where(advantages < 0, torch.min(loss, -dual_clip * advantages), loss)
+    return loss
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> Tensor:
+    """Per-token clipped value loss (B, T): 0.5 max((v - R)^2, (v_clipped - R)^2)."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+
+
+def approx_kl(logratio: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(old || new): (r - 1) - log r, never negative."""
+    return (logratio.exp() - 1) - logratio
+
+
+def explained_variance(y_pred: Tensor, y_true: Tensor, mask: Tensor) -> float:
+    y_pred, y_true = y_pred[mask > 0], y_true[mask > 0]
+    var_y = y_true.var(unbiased=False) if y_true.numel() else torch.tensor(0.0)
+    return math.nan if var_y == 0 else float(1 - (y_true - y_pred).var(unbiased=False) / var_y)
+
+
+# --- state that crosses rounds ------------------------------------------------------------
+
+@dataclass
+class KLController:
+    """Adaptive KL coefficient (Ziegler et al. 2019): proportional control towards target.
+
+    coef <- coef (1 + clip(kl / target - 1, -0.2, 0.2) n_steps / horizon)
+    """
+    coef: float
+    target: float
+    horizon: int
+    adaptive: bool = True
+
+    def update(self, kl: float, n_steps: int) -> float:
+        if self.adaptive and self.target > 0 and math.isfinite(kl):
+            error = min(max(kl / self.target - 1, -0.2), 0.2)
+            self.coef *= 1 + error * n_steps / self.horizon
+        return self.coef
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef = float(state["coef"])
+
+
+@dataclass
+class RunningMoments:
+    """Running mean / variance of rewards (Welford, merged a batch at a time)."""
+    count: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def update(self, values: Tensor) -> None:
+        values = values.double().flatten()
+        n = values.numel()
+        if n == 0:
+            return
+        b_mean = float(values.mean())
+        b_m2 = float(((values - b_mean) ** 2).sum())
+        total = self.count + n
+        delta = b_mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += b_m2 + delta ** 2 * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / self.count) if self.count > 0 else 1.0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = (float(state[k]) for k in ("count", "mean", "m2"))
+
+
+# --- the update loop --------------------------------------------------------------------
+
+@dataclass
+class Hyper:
+    """The PPO numbers a round uses, read once from config.ppo."""
+    batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    ppo_epochs: int = 4
+    ppo_clip: float = 0.2
+    value_clip: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    dual_clip: float = 3.0
+    max_grad_norm: float = 1.0
+    target_kl: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    gradient_checkpointing: bool = False
+
+    @classmethod
+    def from_config(cls, ppo) -> "Hyper":
+        return cls(**{n: getattr(ppo, n) for n in cls.__dataclass_fields__})
+
+
+def evaluate(policy: Policy, b: Rollout, batch_size: int, *, adapter: bool = True,
+             values: bool = True) -> tuple[Tensor, Tensor]:
+    """No-grad log-probs (B, T) and values (B, T) of the whole batch."""
+    logp, vals = torch.zeros_like(b.mask), torch.zeros_like(b.mask)
+    with torch.no_grad():
+        for start in range(0, len(b), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(b)), device=b.mask.device)
+            mb = b.select(idx)
+            out = policy.forward(mb, adapter=adapter, values=values)
+            logp[idx, :out.logp.shape[1]] = out.logp * mb.mask
+            if values:
+                vals[idx, :out.values.shape[1]] = out.values * mb.mask
+    return logp, vals
+
+
+def measure_kl(policy: Policy, b: Rollout, batch_size: int) -> Tensor:
+    """Exact KL(policy || base) over the vocabulary at each reply position (B, T), no grad."""
+    kl = torch.zeros_like(b.mask)
+    with torch.no_grad():
+        for start in range(0, len(b), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(b)), device=b.mask.device)
+            mb = b.select(idx)
+            new = policy.forward(mb, values=False, full=True).logp_all     # (b, T, V)
+            ref = policy.forward(mb, adapter=False, values=False, full=True).logp_all
+            kl[idx, :new.shape[1]] = (new.exp() * (new - ref)).sum(-1) * mb.mask
+    return kl
+
+
+Progress = Callable[[dict], None]
+
+
+def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
+                 kl_ctl: KLController, hp: Hyper, *, seed: int = 0,
+                 progress: Progress | None = None) -> dict:
+    """One PPO round over the prepared batch ``b``; returns CleanRL-named metrics."""
+    started = time.perf_counter()
+    # 1. Old policy, reference and values, before any update (CleanRL's rollout phase).
+    with update_mode(policy.model):
+        b_logp_old, b_values = evaluate(policy, b, hp.batch_size)
+        b_logp_ref, _ = evaluate(policy, b, hp.batch_size, adapter=False, values=False)
+    # 2. Per-token rewards with the KL penalty, then GAE and weighted whitening.
+    b_token_rewards = build_token_rewards(b.rewards, b_logp_old, b_logp_ref, b.mask, kl_ctl.coef)
+    b_advantages, b_returns = compute_gae(b_token_rewards, b_values, b.mask, hp.gamma, hp.lam)
+    b_adv_white = whiten(b_advantages, b.mask, b.weights)
+    # 3. Epochs over shuffled minibatches, gradient_accumulation_steps per optimizer step.
+    params = policy.parameters()
+    generator = torch.Generator().manual_seed(seed)
+    n_mb = math.ceil(len(b) / hp.batch_size)
+    total = hp.ppo_epochs * n_mb
+    log: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy",
+                                                   "approx_kl", "clipfrac", "grad_norm")}
+    steps, epochs_run, early_stopped, nan = 0, 0, False, False
+    with update_mode(policy.model, hp.gradient_checkpointing):
+        for epoch in range(hp.ppo_epochs):
+            b_inds = torch.randperm(len(b), generator=generator).to(b.mask.device)
+            groups = [list(range(s, min(s + hp.gradient_accumulation_steps, n_mb)))
+                      for s in range(0, n_mb, hp.gradient_accumulation_steps)]
+            epoch_kl = []
+            for group in groups:
+                optimizer.zero_grad(set_to_none=True)
+                for j in group:
+                    mb_inds = b_inds[j * hp.batch_size:(j + 1) * hp.batch_size]
+                    mb = b.select(mb_inds)
+                    n_t = mb.mask.shape[1]
+                    mb_adv = b_adv_white[mb_inds, :n_t]
+                    mb_returns, mb_values = b_returns[mb_inds, :n_t], b_values[mb_inds, :n_t]
+                    mb_logp_old = b_logp_old[mb_inds, :n_t]
+
+                    out = policy.forward(mb, entropy_grad=hp.ent_coef > 0)
+                    logratio = (out.logp - mb.logp_behaviour).clamp(-20, 20)
+                    pg = weighted_mean(policy_loss(logratio, mb_adv, hp.ppo_clip, hp.dual_clip),
+                                       mb.mask, mb.weights)
+                    vf = weighted_mean(value_loss(out.values, mb_values, mb_returns,
+                                                  hp.value_clip), mb.mask, mb.weights)
+                    ent = weighted_mean(out.entropy, mb.mask, mb.weights)
+                    loss = pg + hp.vf_coef * vf - hp.ent_coef * ent
+                    if not torch.isfinite(loss):
+                        nan = True
+                        break
+                    (loss / len(group)).backward()
+                    with torch.no_grad():
+                        kl_mb = weighted_mean(approx_kl(out.logp - mb_logp_old), mb.mask, mb.weights)
+                        clipped = ((logratio.exp() - 1).abs() > hp.ppo_clip).float()
+                        clipfrac = weighted_mean(clipped, mb.mask, mb.weights)
+                        # live KL to the base on the sampled tokens (k3: never negative)
+                        kl_ref = weighted_mean(approx_kl(b_logp_ref[mb_inds, :n_t] - out.logp),
+                                               mb.mask, mb.weights)
+                    for name, value in (("policy_loss", pg), ("value_loss", vf), ("entropy", ent),
+                                        ("approx_kl", kl_mb), ("clipfrac", clipfrac)):
+                        log[name].append(float(value.detach()))
+                    epoch_kl.append(float(kl_mb))
+                    if progress:
+                        progress({"stage": "update", "epoch": epoch + 1, "epochs": hp.ppo_epochs,
+                                  "done": epoch * n_mb + j + 1, "total": total,
+                                  "loss": float(loss.detach()), "approx_kl": float(kl_mb),
+                                  "kl": float(kl_ref)})
+                if nan:
+                    break
+                grad_norm = nn.utils.clip_grad_norm_(params, hp.max_grad_norm or float("inf"))
+                if not torch.isfinite(grad_norm):
+                    nan = True
+                    break
+                log["grad_norm"].append(float(grad_norm))
+                optimizer.step()
+                steps += 1
+            optimizer.zero_grad(set_to_none=True)
+            epochs_run = epoch + 1
+            if nan:
+                break
+            if hp.target_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > hp.target_kl:
+                early_stopped = True
+                break
+    # 4. Where the round left the policy: exact KL to the base, then the controller.
+    with update_mode(policy.model):
+        b_kl = measure_kl(policy, b, hp.batch_size)
+    kl = float(weighted_mean(b_kl, b.mask, torch.ones_like(b.weights)))
+    kl_coef_used = kl_ctl.coef
+    kl_ctl.update(kl, len(b))
+    mean = {k: (sum(v) / len(v) if v else math.nan) for k, v in log.items()}
+    nan = nan or not all(torch.isfinite(p).all() for p in params)
+    return {
+        "reward_mean": float(b.rewards.mean()), "kl": kl, "approx_kl": mean["approx_kl"],
+        "clipfrac": mean["clipfrac"], "policy_loss": mean["policy_loss"],
+        "value_loss": mean["value_loss"],
+        "explained_variance": explained_variance(b_values, b_returns, b.mask),
+        "entropy": mean["entropy"], "samples": len(b), "tokens": int(b.mask.sum()),
+        "kl_coef": kl_coef_used, "kl_coef_next": kl_ctl.coef, "grad_norm": mean["grad_norm"],
+        "epochs_run": epochs_run, "steps": steps, "early_stopped": early_stopped,
+        "early_stop_epoch": epochs_run if early_stopped else None, "nan": nan,
+        "update_seconds": time.perf_counter() - started,
+    }

@@ -1,0 +1,195 @@
+"""The training session of a round: the base model on the training device, the adapter
+and value head, the optimizer, and the state carried from round to round.
+
+A round continues from the ACTIVE checkpoint: its adapter (``PeftModel.from_pretrained``,
+trainable), value head, optimizer state, KL controller, running reward statistics and
+counters. With the base model active (first round, or ``reinf rollback base``) everything
+starts fresh: a new adapter seeded by ``ppo.seed``, a zero value head, ``kl_coef`` from the
+config. Changing ``lora.*`` affects only fresh adapters (a warning says so).
+
+After a round rejected for its KL, the next round from the same parent starts with at
+least the rejected round's doubled kl_coef, so it does not repeat the same rejection.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings as warnings_mod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reinf import checkpoints
+from reinf.errors import ModelError
+from reinf.ppo import KLController, Policy, RunningMoments, ValueHead
+
+
+@dataclass
+class Session:
+    """Everything a round trains and carries forward."""
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    kl_ctl: KLController
+    reward_stats: RunningMoments
+    counters: dict[str, int]         # round, global_step, samples_seen
+    parent_id: str | None
+    loaded: Any                      # reinf.modeling.LoadedModel
+    warnings: list[str] = field(default_factory=list)
+
+
+# --- model, adapter and state ---------------------------------------------------------------
+
+def resolve_train_device(config) -> tuple[str | None, list[str]]:
+    """The device to load for training (None: the serving device) and any warning."""
+    want = config.ppo.train_device
+    if want == "auto":
+        return None, []
+    if want == "cuda" and not torch.cuda.is_available():
+        return "cpu", ["train_device cuda: no CUDA GPU here, training on the CPU"]
+    if want == "mps" and not (getattr(torch.backends, "mps", None)
+                              and torch.backends.mps.is_available()):
+        return "cpu", ["train_device mps: MPS is not available, training on the CPU"]
+    return want, []
+
+
+def load_base(config, device: str | None):
+    """The base model for training, via reinf.modeling; a missing model says so plainly."""
+    from reinf.modeling import load_model
+
+    try:
+        return load_model(config, device=device, for_training=True)
+    except ModelError as exc:
+        if exc.message.startswith("no model"):
+            raise ModelError(f"model missing: {exc.message}", fix=exc.fix, key=exc.key) from exc
+        raise
+
+
+def prepare_for_training(loaded, gradient_checkpointing: bool):
+    """QLoRA preparation for a 4/8-bit base, activation checkpointing when asked, no KV cache."""
+    model = loaded.model
+    if getattr(loaded, "quantization", "none") in ("4bit", "8bit"):
+        from peft import prepare_model_for_kbit_training
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif gradient_checkpointing:
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    model.config.use_cache = False
+    return model
+
+
+def build_session(config, store) -> Session:
+    """Load the base, then the active checkpoint (or a fresh adapter) and all PPO state."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    device, warnings = resolve_train_device(config)
+    loaded = load_base(config, device)
+    warnings += list(getattr(loaded, "warnings", []) or [])
+    ppo = config.ppo
+    with _quiet_peft():
+        model = prepare_for_training(loaded, ppo.gradient_checkpointing)
+    active = store.active_checkpoint()
+    hidden = model.config.get_text_config().hidden_size
+    value_head = ValueHead(hidden)
+    state: dict[str, Any] = {}
+    with _quiet_peft():
+        if active is not None:
+            ckpt = checkpoints.load_checkpoint(Path(active.path))
+            peft_model = PeftModel.from_pretrained(model, str(ckpt.path), is_trainable=True)
+            value_head.load_state_dict(ckpt.value_head)
+            state = ckpt.state
+            warnings += _lora_drift(config, peft_model)
+        else:
+            lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
+                              lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
+                              target_modules=list(config.lora.target_modules))
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(ppo.seed)  # LoRA's A matrices come from the global RNG
+                peft_model = get_peft_model(model, lora)
+    value_head.to(loaded.device)
+    amp = torch.bfloat16 if (str(loaded.device).startswith("cuda")
+                             and torch.cuda.is_bf16_supported()) else None
+    policy = Policy(peft_model, value_head, amp_dtype=amp,
+                    detach_value=ppo.value_detach)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=ppo.learning_rate, weight_decay=0.0)
+    if state.get("optimizer"):
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as exc:
+            warnings.append(f"optimizer state did not match the adapter ({exc}); starting it "
+                            "fresh")
+        for group in optimizer.param_groups:
+            group["lr"] = ppo.learning_rate  # the config's value wins over the saved one
+    kl_ctl = KLController(ppo.kl_coef, ppo.kl_target, ppo.kl_horizon, ppo.adaptive_kl)
+    if ppo.adaptive_kl and state.get("kl_controller"):
+        kl_ctl.load_state_dict(state["kl_controller"])
+    parent_id = active.id if active else None
+    if ppo.adaptive_kl:
+        kl_ctl.coef = max(kl_ctl.coef, _after_rejection(store, parent_id))
+    stats = RunningMoments()
+    if state.get("reward_stats"):
+        stats.load_state_dict(state["reward_stats"])
+    counters = {k: int(state.get(k, 0)) for k in ("round", "global_step", "samples_seen")}
+    return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings)
+
+
+@contextlib.contextmanager
+def _quiet_peft():
+    """peft uses gradient-checkpointing names that transformers 5 deprecated; the person
+    can do nothing about it, so it stays out of their terminal."""
+    with warnings_mod.catch_warnings():
+        warnings_mod.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated",
+                                    category=FutureWarning)
+        yield
+
+
+def _after_rejection(store, parent_id: str | None) -> float:
+    """kl_coef to start from when the last round from this parent was rejected for its KL."""
+    runs = [r for r in store.list_runs(limit=5) if r.status in ("succeeded", "rejected")]
+    if runs and runs[0].status == "rejected" and runs[0].metrics.get("parent_id") == parent_id:
+        value = runs[0].metrics.get("kl_coef_next")
+        return float(value) if isinstance(value, (int, float)) else 0.0
+    return 0.0
+
+
+def _lora_drift(config, peft_model) -> list[str]:
+    saved = peft_model.peft_config["default"]
+    if saved.r != config.lora.r or set(saved.target_modules or ()) != set(config.lora.target_modules):
+        return [f"lora settings changed (checkpoint r={saved.r}); they apply after "
+                "`reinf rollback base` starts a fresh adapter"]
+    return []
+
+
+def select_episodes(session: Session, kept) -> tuple[list[tuple], dict[str, int]]:
+    """(prompt_ids, reply_ids, logprobs, temperature, reward, weight) per usable sample,
+    and how many were skipped for which reason."""
+    from reinf.modeling import get_context_limit
+
+    max_ctx = get_context_limit(session.loaded.model, session.loaded.tokenizer)
+    vocab = session.policy.model.get_input_embeddings().num_embeddings
+    skipped = {"logprobs_mismatch": 0, "too_long": 0, "no_prompt": 0, "bad_tokens": 0,
+               "bad_temperature": 0}
+    episodes = []
+    for sample, row in kept:
+        ids = list(sample.prompt_ids) + list(sample.reply_ids)
+        if len(sample.logprobs) != len(sample.reply_ids):
+            skipped["logprobs_mismatch"] += 1
+        elif not sample.prompt_ids:
+            skipped["no_prompt"] += 1
+        elif max_ctx and len(ids) > max_ctx:
+            skipped["too_long"] += 1
+        elif min(ids) < 0 or max(ids) >= vocab:
+            skipped["bad_tokens"] += 1
+        elif not sample.temperature > 0:
+            skipped["bad_temperature"] += 1
+        else:
+            episodes.append((sample.prompt_ids, sample.reply_ids, sample.logprobs,
+                             sample.temperature, row.reward, row.weight))
+    return episodes, {k: v for k, v in skipped.items() if v}

@@ -1,0 +1,254 @@
+"""The policy forward and the update loop on a tiny LoRA model: off-policy ratios,
+temperature, dropout off, gradient checkpointing."""
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+import trainkit as tk
+from reinf.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, train_policy,
+                       update_mode)
+
+pytestmark = pytest.mark.e2e
+single_thread = pytest.fixture(autouse=True)(tk.one_thread)
+PROMPT, REPLY, T = [1, 17, 23, 54, 9, 1], [tk.GOOD, 77, 12, 2], 0.7
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tk.make_model(tmp_path_factory.mktemp("model"))
+
+
+def build_policy(model_dir, dropout=0.0, seed=0) -> Policy:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    torch.manual_seed(seed)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout,
+                                            target_modules=tk.ALL_LINEAR))
+    set_adapter(peft, seed)
+    return Policy(peft, ValueHead(model.config.hidden_size))
+
+
+def set_adapter(peft, seed: int) -> None:
+    """Random non-zero LoRA weights: a stand-in for 'the adapter after some training'."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+
+
+def run_round(policy, logprobs_per_sample, lr=0.0):
+    b = build_rollout([(PROMPT, REPLY, lps, T, 1.0, 1.0) for lps in logprobs_per_sample])
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr)
+    hp = Hyper(batch_size=1, ppo_epochs=1, ppo_clip=0.2, dual_clip=0.0)
+    return train_policy(policy, opt, b, KLController(0.05, 0.05, 1000), hp)
+
+
+def test_ratio_is_taken_against_the_stored_behaviour_logprobs(model_dir):
+    policy = build_policy(model_dir)
+    policy.model.eval()
+    current = tk.reply_logprobs(policy.model, PROMPT, REPLY, T)
+    set_adapter(policy.model, seed=7)              # an older adapter sampled this reply
+    older = tk.reply_logprobs(policy.model, PROMPT, REPLY, T)
+    set_adapter(policy.model, seed=0)              # and the current one is back
+    assert max(abs(a - b) for a, b in zip(current, older)) > 0.1
+
+    # A re-forward with the adapter that sampled the reply reproduces its log-probs,
+    # at the reply's own temperature: the ratio is 1.
+    b = build_rollout([(PROMPT, REPLY, current, T, 1.0, 1.0), (PROMPT, REPLY, older, T, 1.0, 1.0)])
+    with update_mode(policy.model):
+        out = policy.forward(b)
+    ratio = (out.logp - b.logp_behaviour).exp()
+    assert torch.allclose(ratio[0], torch.ones(4), atol=1e-5)
+    assert (ratio[1] - 1).abs().max() > 0.1          # the same reply, an older behaviour
+    at_t1 = build_rollout([(PROMPT, REPLY, current, 1.0, 1.0, 1.0)])
+    with update_mode(policy.model):
+        assert not torch.allclose(policy.forward(at_t1).logp[0], torch.tensor(current), atol=1e-3)
+
+    # Through the update loop (learning rate 0): identical samples, different stored
+    # log-probs -> different clip fractions and losses. approx_kl measures this round's
+    # own movement, which is none.
+    fresh = run_round(policy, [current, current])
+    stale = run_round(policy, [older, older])
+    assert fresh["clipfrac"] == 0.0
+    assert stale["clipfrac"] > 0.0
+    assert fresh["policy_loss"] != pytest.approx(stale["policy_loss"])
+    assert fresh["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stale["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_update_changes_the_adapter_and_value_head(model_dir):
+    policy = build_policy(model_dir)
+    with update_mode(policy.model):
+        behaviour = tk.reply_logprobs(policy.model, PROMPT, REPLY, T)
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = run_round(policy, [behaviour] * 4, lr=1e-2)
+    after = policy.parameters()
+    assert metrics["steps"] == 4 and not metrics["nan"]
+    assert any(not torch.equal(a, b) for a, b in zip(before[:-2], after[:-2]))  # LoRA
+    assert not torch.equal(before[-2], after[-2])                               # value head
+    assert metrics["kl"] > 0 and metrics["approx_kl"] > 0
+
+
+def test_dropout_is_off_during_update_passes_even_with_checkpointing(model_dir):
+    policy = build_policy(model_dir, dropout=0.5)
+    b = build_rollout([(PROMPT, REPLY, [-1.0] * 4, T, 1.0, 1.0)])
+    policy.model.train()
+    with update_mode(policy.model):
+        assert not policy.model.training
+        assert torch.equal(policy.forward(b).logp, policy.forward(b).logp)
+    assert policy.model.training  # restored
+
+    plain = policy.forward
+    with update_mode(policy.model):
+        loss = plain(b).logp.sum()
+    loss.backward()
+    grads = [p.grad.clone() for p in policy.parameters()[:-2]]
+    policy.model.zero_grad()
+    policy.model.get_base_model().activation_checkpointing_enable()
+    with update_mode(policy.model, gradient_checkpointing=True):
+        assert policy.model.training  # transformers only checkpoints in train mode
+        first, second = policy.forward(b).logp, policy.forward(b).logp
+        assert torch.equal(first.detach(), second.detach())
+        first.sum().backward()  # recomputes the forward: must happen inside the pass too
+    for g, p in zip(grads, policy.parameters()[:-2]):
+        assert torch.allclose(g, p.grad, atol=1e-6)
+    dropouts = [m.p for m in policy.model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(p == 0.5 for p in dropouts)  # restored after the pass
+
+
+def test_nan_in_rewards_stops_the_round(model_dir):
+    policy = build_policy(model_dir)
+    b = build_rollout([(PROMPT, REPLY, [-1.0] * 4, T, float("nan"), 1.0)] * 2)
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = train_policy(policy, torch.optim.AdamW(policy.parameters(), lr=1e-2), b,
+                           KLController(0.05, 0.05, 1000), Hyper(batch_size=1))
+    assert metrics["nan"] and metrics["steps"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+
+def test_engine_replies_reproduce_their_logprobs_in_the_trainer(home, model_dir):
+    """The contract between engine and trainer: a reply's stored behaviour log-probs are
+    what the trainer's forward gives under the adapter that sampled it (ratio 1), and
+    replies from an older adapter are seen as off-policy."""
+    from reinf.chat import ChatService
+    from reinf.engine import Engine
+    from reinf.store import Store
+    from reinf.session import build_session, select_episodes
+    from reinf.trainer import train_round
+
+    config = tk.train_config(home, model_dir, temperature=0.7, max_new_tokens=8, top_p=0.9)
+    store = Store.open(config)
+    engine = Engine.load(config)
+    chat = ChatService(engine, store, config)
+    for i in range(4):
+        store.rate(chat.send(f"hello number {i}").id, 5 if i % 2 else 1)
+    first = train_round(config, store)
+    engine.request_swap(first.checkpoint_id, store.get_checkpoint(first.checkpoint_id).path)
+    for i in range(4):
+        store.rate(chat.send(f"tell me about the sea {i}").id, 4)
+    samples = store.training_samples(64)
+    assert {s.checkpoint_id for s in samples} == {None, first.checkpoint_id}
+    session = build_session(config, store)  # resumes the active checkpoint
+    rows = [type("Row", (), {"reward": 1.0, "weight": 1.0})() for _ in samples]
+    episodes, skipped = select_episodes(session, list(zip(samples, rows)))
+    assert not skipped and all(e[3] == 0.7 for e in episodes)
+    b = build_rollout(episodes)
+    with update_mode(session.policy.model):
+        logp = session.policy.forward(b).logp
+    gap = ((logp - b.logp_behaviour) * b.mask).abs().amax(dim=1)  # (B,)
+    for sample, g in zip(samples, gap.tolist()):
+        if sample.checkpoint_id == first.checkpoint_id:
+            assert g < 1e-4, g         # same adapter: ratio exactly 1 (up to fp32 noise)
+    assert max(g for s, g in zip(samples, gap.tolist()) if s.checkpoint_id is None) > 1e-3
+
+
+def sgd_round(model_dir, episodes, **hyper):
+    """One epoch with plain SGD, so parameter changes are proportional to the gradients."""
+    policy = build_policy(model_dir)
+    b = build_rollout(episodes)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+    metrics = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+                           Hyper(ppo_epochs=1, max_grad_norm=0.0, **hyper))
+    return metrics, torch.cat([p.detach().flatten() for p in policy.parameters()])
+
+
+def test_gradient_accumulation_matches_one_bigger_minibatch(model_dir):
+    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0, -6.0, -6.0, -6.0], T, 1.0, 1.0),
+           (PROMPT, [tk.BAD, 70, 12, 2], [-6.0, -6.0, -6.0, -6.0], T, -1.0, 1.0)]
+    acc, p_acc = sgd_round(model_dir, eps, batch_size=1, gradient_accumulation_steps=2)
+    big, p_big = sgd_round(model_dir, eps, batch_size=2, gradient_accumulation_steps=1)
+    one, p_one = sgd_round(model_dir, eps, batch_size=1, gradient_accumulation_steps=1)
+    assert acc["steps"] == 1 and big["steps"] == 1 and one["steps"] == 2
+    assert torch.allclose(p_acc, p_big, atol=1e-6)
+    assert not torch.allclose(p_acc, p_one, atol=1e-4)  # two steps are not one
+
+
+def test_sample_weights_scale_the_losses(model_dir):
+    a = (PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0)
+    b = ([1, 5, 6, 1], [tk.BAD, 70, 12, 2], [-6.0] * 4, T, -1.0, 0.0)  # weight 0
+    _, alone = sgd_round(model_dir, [a], batch_size=2)
+    _, with_zero = sgd_round(model_dir, [a, b], batch_size=2)
+    _, with_one = sgd_round(model_dir, [a, b[:5] + (1.0,)], batch_size=2)
+    assert torch.allclose(alone, with_zero, atol=1e-6)
+    assert not torch.allclose(alone, with_one, atol=1e-4)
+
+
+def test_early_stop_when_approx_kl_exceeds_target(model_dir):
+    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0)] * 2
+    policy = build_policy(model_dir)
+    b = build_rollout(eps)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    stopped = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+                           Hyper(batch_size=1, ppo_epochs=4, target_kl=1e-9))
+    assert stopped["early_stopped"] and stopped["epochs_run"] == 1
+    assert stopped["early_stop_epoch"] == 1 and stopped["steps"] == 2
+    policy = build_policy(model_dir)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    full = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+                        Hyper(batch_size=1, ppo_epochs=4, target_kl=0.0))
+    assert not full["early_stopped"] and full["epochs_run"] == 4 and full["steps"] == 8
+
+
+def test_unusable_samples_are_skipped_and_counted(model_dir):
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from reinf.records import Sample
+    from reinf.session import select_episodes
+
+    policy = build_policy(model_dir)
+    session = SimpleNamespace(loaded=SimpleNamespace(model=policy.model.get_base_model(),
+                                                     tokenizer=None), policy=policy)
+    now = datetime.now(timezone.utc)
+
+    def sample(prompt, reply, logprobs, temperature=1.0):
+        return Sample(1, 1, 1, "local", "p", "r", prompt, reply, logprobs, None, 5, [], "",
+                      False, now, now, temperature)
+
+    row = SimpleNamespace(reward=1.0, weight=0.5)
+    kept = [sample(PROMPT, REPLY, [-1.0] * 4, 0.7),             # fine
+            sample(PROMPT, REPLY, [-1.0] * 3),                  # log-probs do not match
+            sample([5] * 300, REPLY, [-1.0] * 4),               # longer than the context
+            sample([], REPLY, [-1.0] * 4),                      # nothing to condition on
+            sample(PROMPT, [99999], [-1.0]),                    # not in the vocabulary
+            sample(PROMPT, REPLY, [-1.0] * 4, 0.0)]             # no valid temperature
+    episodes, skipped = select_episodes(session, [(s, row) for s in kept])
+    assert episodes == [(PROMPT, REPLY, [-1.0] * 4, 0.7, 1.0, 0.5)]
+    assert skipped == {"logprobs_mismatch": 1, "too_long": 1, "no_prompt": 1, "bad_tokens": 1,
+                       "bad_temperature": 1}
+
+
+def test_entropy_bonus_raises_entropy(model_dir):
+    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 0.0, 1.0)] * 2  # no reward signal
+    ent = {}
+    for coef in (0.0, 1.0):
+        policy = build_policy(model_dir)
+        b = build_rollout(eps)
+        opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+        train_policy(policy, opt, b, KLController(0.0, 0.05, 1000),
+                     Hyper(batch_size=2, ppo_epochs=3, ent_coef=coef, vf_coef=0.0))
+        with update_mode(policy.model):
+            ent[coef] = float(policy.forward(b).entropy.mean())
+    assert ent[1.0] > ent[0.0] + 1e-4, ent

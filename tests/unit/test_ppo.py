@@ -1,0 +1,169 @@
+"""PPO maths on hand-made tensors. Every expected number is worked out by hand in the
+comments, not by calling the code under test."""
+import math
+
+import pytest
+import torch
+
+from reinf.ppo import (KLController, RunningMoments, ValueHead, approx_kl, build_rollout,
+                       build_token_rewards, compute_gae, explained_variance, policy_loss,
+                       value_loss, weighted_mean, whiten)
+
+
+def close(actual, expected, tol=1e-5):
+    assert torch.allclose(torch.as_tensor(actual, dtype=torch.float32),
+                          torch.tensor(expected, dtype=torch.float32), atol=tol), actual
+
+
+def test_gae_gamma_one_lambda_095_with_a_padded_episode():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.1, -1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.4, 0.2], [0.3, -0.2, 9.0]])  # 9.0: padding, must be ignored
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, ret = compute_gae(rewards, values, mask, gamma=1.0, lam=0.95)
+    # Episode 1, backwards: d2 = 1 + 0 - 0.2 = 0.8            -> A2 = 0.8
+    #                       d1 = 0 + 0.2 - 0.4 = -0.2         -> A1 = -0.2 + 0.95*0.8 = 0.56
+    #                       d0 = 0 + 0.4 - 0.5 = -0.1         -> A0 = -0.1 + 0.95*0.56 = 0.432
+    # Episode 2 ends at t=1: d1 = -1 + 0 + 0.2 = -0.8          -> A1 = -0.8
+    #                        d0 = 0.1 - 0.2 - 0.3 = -0.4       -> A0 = -0.4 + 0.95*-0.8 = -1.16
+    close(adv, [[0.432, 0.56, 0.8], [-1.16, -0.8, 0.0]])
+    # returns = A + V on real tokens
+    close(ret, [[0.932, 0.96, 1.0], [-0.86, -1.0, 0.0]])
+
+
+def test_gae_discount_and_lambda_other_than_one():
+    rewards = torch.tensor([[1.0, 2.0]])
+    values = torch.tensor([[0.5, 1.0]])
+    mask = torch.ones(1, 2)
+    adv, _ = compute_gae(rewards, values, mask, gamma=0.5, lam=0.5)
+    # d1 = 2 - 1 = 1 -> A1 = 1;  d0 = 1 + 0.5*1 - 0.5 = 1 -> A0 = 1 + 0.25*1 = 1.25
+    close(adv, [[1.25, 1.0]])
+
+
+def test_token_rewards_kl_penalty_plus_reward_at_last_token():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]])
+    ref = torch.tensor([[-1.5, -2.0, -2.0], [-2.0, -1.0, -7.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    out = build_token_rewards(torch.tensor([2.0, -1.0]), logp, ref, mask, kl_coef=0.1)
+    # row 1: -0.1*[0.5, 0, -1] = [-0.05, 0, 0.1], +2 at t=2
+    # row 2: -0.1*[1, 0, (pad)] = [-0.1, 0, 0], -1 at its last real token t=1
+    close(out, [[-0.05, 0.0, 2.1], [-0.1, -1.0, 0.0]])
+
+
+def test_whiten_uses_sample_weights_and_leaves_padding_zero():
+    x = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    weights = torch.tensor([1.0, 2.0])
+    # tokens 1 (w1), 2 (w1), 3 (w2): mean = (1 + 2 + 6) / 4 = 2.25
+    # var = (1.5625 + 0.0625 + 2*0.5625) / 4 = 0.6875, std = 0.8291562
+    out = whiten(x, mask, weights)
+    close(out, [[-1.5075567, -0.3015113], [0.9045340, 0.0]])
+    close(weighted_mean(x, mask, weights), 2.25)
+
+
+def test_zero_weight_sample_does_not_count():
+    x = torch.tensor([[1.0], [50.0]])
+    mask = torch.ones(2, 1)
+    close(weighted_mean(x, mask, torch.tensor([1.0, 0.0])), 1.0)
+
+
+@pytest.mark.parametrize("ratio, adv, dual, expected", [
+    (1.5, 1.0, 0.0, -1.2),   # max(-1.5, -1.2): gains beyond 1+eps are not rewarded
+    (0.5, 1.0, 0.0, -0.5),   # max(-0.5, -0.8): the pessimistic, unclipped term
+    (1.5, -1.0, 0.0, 1.5),   # max(1.5, 1.2)
+    (0.5, -1.0, 0.0, 0.8),   # max(0.5, 0.8): below 1-eps with A<0 is clipped
+    (5.0, -1.0, 0.0, 5.0),   # plain PPO: unbounded for a stale sample with a huge ratio
+    (5.0, -1.0, 3.0, 3.0),   # dual clip: min(5, 3*1)
+    (1.5, -1.0, 3.0, 1.5),   # dual clip leaves ordinary cases alone
+    (5.0, 1.0, 3.0, -1.2),   # and positive advantages
+])
+def test_clipped_surrogate(ratio, adv, dual, expected):
+    loss = policy_loss(torch.tensor([[math.log(ratio)]]), torch.tensor([[adv]]), clip=0.2,
+                       dual_clip=dual)
+    close(loss, [[expected]])
+
+
+@pytest.mark.parametrize("new, old, ret, expected", [
+    (1.0, 0.0, 2.0, 1.62),    # clipped to 0.2: 0.5*max((1-2)^2, (0.2-2)^2) = 0.5*3.24
+    (0.1, 0.0, 1.0, 0.405),   # inside the clip: 0.5*(0.1-1)^2
+    (1.0, 0.0, 0.5, 0.125),   # max takes the unclipped 0.25 over the clipped 0.09
+    (-1.0, 0.0, 0.0, 0.5),    # clipped to -0.2: max(1, 0.04) = 1
+])
+def test_clipped_value_loss(new, old, ret, expected):
+    loss = value_loss(torch.tensor([[new]]), torch.tensor([[old]]), torch.tensor([[ret]]),
+                      clip=0.2)
+    close(loss, [[expected]])
+
+
+def test_approx_kl():
+    # r = 2: (2 - 1) - ln 2 = 0.3068528; r = 1: 0; r = 1/2: (0.5 - 1) + ln 2 = 0.1931472
+    close(approx_kl(torch.tensor([math.log(2), 0.0, -math.log(2)])),
+          [0.3068528, 0.0, 0.1931472])
+
+
+def test_kl_controller_moves_towards_target_within_its_clip():
+    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
+    # kl/target - 1 = 1, clipped to 0.2: 0.1 * (1 + 0.2*100/1000) = 0.102
+    assert ctl.update(0.1, 100) == pytest.approx(0.102)
+    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
+    # 0.055/0.05 - 1 = 0.1: 0.1 * (1 + 0.1*0.1) = 0.101
+    assert ctl.update(0.055, 100) == pytest.approx(0.101)
+    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
+    # 0.04/0.05 - 1 = -0.2: 0.1 * (1 - 0.2*0.1) = 0.098
+    assert ctl.update(0.04, 100) == pytest.approx(0.098)
+    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
+    # far below target, clipped at -0.2, over a whole horizon: 0.1 * 0.8 = 0.08
+    assert ctl.update(0.0, 1000) == pytest.approx(0.08)
+
+
+def test_kl_controller_fixed_or_nan_leaves_coef_and_round_trips():
+    fixed = KLController(coef=0.1, target=0.05, horizon=10, adaptive=False)
+    assert fixed.update(5.0, 10) == 0.1
+    ctl = KLController(coef=0.1, target=0.05, horizon=10)
+    assert ctl.update(float("nan"), 10) == 0.1
+    ctl.update(1.0, 10)
+    other = KLController(coef=0.5, target=0.05, horizon=10)
+    other.load_state_dict(ctl.state_dict())
+    assert other.coef == ctl.coef == pytest.approx(0.12)
+
+
+def test_running_moments_merge_batches():
+    stats = RunningMoments()
+    stats.update(torch.tensor([1.0, 2.0, 3.0]))
+    stats.update(torch.tensor([4.0]))
+    # all four: mean 2.5, population variance (2.25 + 0.25 + 0.25 + 2.25) / 4 = 1.25
+    assert stats.count == 4
+    assert stats.mean == pytest.approx(2.5)
+    assert stats.std == pytest.approx(math.sqrt(1.25))
+    copy = RunningMoments()
+    copy.load_state_dict(stats.state_dict())
+    assert (copy.count, copy.mean, copy.m2) == (stats.count, stats.mean, stats.m2)
+
+
+def test_explained_variance():
+    y = torch.tensor([[1.0, 2.0, 3.0, 99.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert explained_variance(y, y, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.full_like(y, 2.0), y, mask) == pytest.approx(0.0)
+    assert math.isnan(explained_variance(y, torch.ones_like(y), mask))
+
+
+def test_rollout_positions_point_at_the_logits_that_predict_each_reply_token():
+    b = build_rollout([([5, 6, 7], [8, 9], [-0.1, -0.2], 0.7, 1.0, 0.5),
+                       ([3], [4, 5, 6], [-1.0, -2.0, -3.0], 1.0, -1.0, 1.0)])
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [3, 4, 5, 6, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # logits at index j predict token j+1: reply token 8 (index 3) comes from position 2
+    assert b.positions.tolist() == [[2, 3, 0], [0, 1, 2]]
+    assert b.actions.tolist() == [[8, 9, 0], [4, 5, 6]]
+    assert b.mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    close(b.logp_behaviour, [[-0.1, -0.2, 0.0], [-1.0, -2.0, -3.0]])
+    close(b.temperature, [0.7, 1.0])
+    sub = b.select(torch.tensor([0]))
+    assert sub.input_ids.shape == (1, 5) and sub.mask.shape == (1, 2)
+
+
+def test_value_head_starts_at_zero():
+    head = ValueHead(8)
+    out = head(torch.randn(2, 3, 8))
+    assert out.shape == (2, 3)
+    assert torch.count_nonzero(out) == 0
