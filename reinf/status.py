@@ -11,8 +11,11 @@ from reinf import db
 from reinf.config import Config, resolve_model_path
 
 
-def collect_status(config: Config, store, *, engine=None, daemon: dict | None = None) -> dict:
-    """A JSON-ready snapshot. ``engine`` and ``daemon`` add what only a running server knows."""
+def collect_status(config: Config, store, *, engine=None, daemon: dict | None = None,
+                   schedule: dict | None = None) -> dict:
+    """A JSON-ready snapshot. ``engine``, ``daemon`` (the lock's view: running, pid, url)
+    and ``schedule`` (the scheduler's: next_run, training, warnings) add what only a
+    running server knows."""
     warnings: list[str] = []
     model_path = resolve_model_path(config)
     local = Path(model_path).exists()
@@ -32,12 +35,14 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "train_after_ratings": config.schedule.train_after_ratings,
         "active_checkpoint": active.id if active else "base",
         "last_run": runs[0].to_dict() if runs else None,
-        "next_run": None,
+        "next_run": (schedule or {}).get("next_run"),
+        "schedule": schedule,
         "daemon": daemon or {"running": False},
         "reward_hook": _reward_hook_status(config),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
         "warnings": warnings,
     }
+    warnings.extend((schedule or {}).get("warnings") or [])
     if engine is not None:
         out["model"].update(engine.describe())
         warnings.extend(engine.warnings)

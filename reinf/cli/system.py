@@ -61,13 +61,11 @@ def status(app, as_json):
     """Model, device, active checkpoint, ratings waiting, last and next run, warnings."""
     from reinf.status import collect_status
 
-    daemon = None
-    try:
-        from reinf.daemon import probe_daemon
-        daemon = probe_daemon(app.config)
-    except ImportError:
-        pass
-    data = collect_status(app.config, app.store, daemon=daemon)
+    from reinf.remote import fetch_schedule, probe_daemon
+
+    daemon = probe_daemon(app.config)
+    schedule = fetch_schedule(app.config) if daemon.get("running") else None
+    data = collect_status(app.config, app.store, daemon=daemon, schedule=schedule)
     emit(data, as_json, _print_status)
 
 
@@ -178,15 +176,19 @@ def rollback(app, checkpoint_id, as_json):
         if active is None:
             raise click.ClickException("the base model is already active; nothing to roll back")
         checkpoint_id = active.parent_id or "base"
+    from reinf.remote import notify_rollback
+
     target = None if checkpoint_id == "base" else checkpoint_id
-    record = store.activate_checkpoint(target)
-    notified = False
-    try:
-        from reinf.daemon import notify_rollback
-        notified = notify_rollback(app.config, checkpoint_id)
-    except ImportError:
-        pass
-    data = {"active_checkpoint": record.id if record else "base", "daemon_notified": notified}
+    if target is not None:
+        store.get_checkpoint(target)  # a clear error for an unknown id
+    # A running server switches its engine and records the choice; it may refuse a
+    # checkpoint whose files are incomplete. Without a server, the store's choice is
+    # what the next `reinf serve` loads.
+    notified = notify_rollback(app.config, checkpoint_id)
+    if not notified:
+        store.activate_checkpoint(target)
+    active = store.active_checkpoint()
+    data = {"active_checkpoint": active.id if active else "base", "daemon_notified": notified}
     emit(data, as_json, lambda d: click.echo(f"active checkpoint: {d['active_checkpoint']}"))
 
 

@@ -1,0 +1,224 @@
+"""The HTTP client of a running ``reinf serve``: the REPL backend behind ``reinf chat``
+when a daemon answers, so the terminal and the browser share one model and one DB.
+
+``HttpBackend(url, config)`` implements ``reinf.repl.Backend`` over the JSON API
+(docs/api.md): replies stream as Server-Sent Events from ``POST /api/chat``; Stop is
+``POST /api/chat/<stream_id>/stop``, after which the server still sends the stored,
+interrupted turn. Standard library only (urllib), never through a proxy: the daemon is
+local. Errors from the server arrive as ReinfError with its message, fix and status.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+from reinf.errors import ReinfError
+
+REPLY_TIMEOUT_SECONDS = 600.0   # longest silence between two events of a streamed reply
+CALL_TIMEOUT_SECONDS = 30.0
+GENERATION_FIELDS = ("temperature", "top_p", "max_new_tokens")  # what POST /api/chat takes
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def probe(url: str, timeout: float = 0.5, *, token: str | None = None) -> dict | None:
+    """What ``GET {url}/api/ping`` answers ({"service": "reinf", "version", "model", ...}),
+    or None when no Reinf server answers there."""
+    request = urllib.request.Request(url.rstrip("/") + "/api/ping",
+                                     headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with _opener().open(request, timeout=timeout) as response:
+            data = json.load(response)
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return data if isinstance(data, dict) and data.get("service") == "reinf" else None
+
+
+class HttpBackend:
+    """``reinf.repl.Backend`` over HTTP."""
+
+    def __init__(self, url: str, config=None, *, token: str | None = None,
+                 generation: dict[str, Any] | None = None):
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else (
+            config.server.auth_token if config is not None else None)
+        # generation settings sent with every message (e.g. the --temperature flag);
+        # without them the server's own config applies
+        self.generation = {k: v for k, v in (generation or {}).items()
+                           if k in GENERATION_FIELDS and v is not None}
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: dict | None = None, *,
+                timeout: float = CALL_TIMEOUT_SECONDS, stream: bool = False):
+        headers = {"Accept": "text/event-stream" if stream else "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode("utf-8")
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers=headers)
+        try:
+            response = _opener().open(request, timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            raise _error_from(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ReinfError(f"cannot reach reinf serve at {self.url}: {reason}", status=503,
+                             fix="is it still running? `reinf status` tells") from None
+        if stream:
+            return response
+        with response:
+            return json.loads(response.read() or b"null")
+
+    # --- the Backend protocol ----------------------------------------------------------
+
+    def describe(self) -> str:
+        status = self.request("GET", "/api/status")
+        model = status.get("model", {})
+        name = model.get("model_name") or model.get("model_path", "?")
+        return f"{name} via {self.url}, checkpoint {status.get('active_checkpoint', 'base')}"
+
+    def send_stream(self, message: str, conversation_id: int | None) -> "HttpReply":
+        body: dict[str, Any] = {"message": message, "stream": True, **self.generation}
+        if conversation_id is not None:
+            body["conversation_id"] = conversation_id
+        response = self.request("POST", "/api/chat", body, stream=True,
+                                timeout=REPLY_TIMEOUT_SECONDS)
+        return HttpReply(self, response)
+
+    def rate(self, turn_id: int, score: int, tags: list[str]) -> dict:
+        return self.request("PUT", f"/api/turns/{int(turn_id)}/rating",
+                            {"score": score, "tags": list(tags)})
+
+    def undo(self, turn_id: int | None = None) -> dict | None:
+        ref = "last" if turn_id is None else str(int(turn_id))
+        return self.request("DELETE", f"/api/turns/{ref}/rating")["removed"]
+
+    def history(self, conversation_id: int, limit: int = 20) -> list[dict]:
+        data = self.request("GET", f"/api/conversations/{int(conversation_id)}")
+        return data["turns"][-limit:]
+
+    def new_conversation(self) -> int | None:
+        return None  # the server creates it with its first message
+
+
+class HttpReply:
+    """A reply streaming from the server (``reinf.repl.ReplyHandle``).
+
+    A thread reads the event stream into a queue, so Ctrl-C in the terminal interrupts
+    only the waiting, never the reading: after ``stop()`` the server still sends the
+    stored (interrupted) turn and ``result()`` gets it.
+    """
+
+    _END = object()
+
+    def __init__(self, backend: HttpBackend, response):
+        self.backend = backend
+        self.response = response
+        self.stream_id: str | None = None
+        self.done: dict | None = None
+        self.error: ReinfError | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="reinf-http-reply",
+                                        daemon=True)
+        self._thread.start()
+        start = self._next()  # the conversation id is known up front
+        if start is None or start[0] != "start":
+            self.close()
+            raise self.error or ReinfError("reinf serve sent no reply", status=502)
+        self.conversation_id = start[1]["conversation_id"]
+        self.stream_id = start[1].get("stream_id")
+
+    def _read(self) -> None:
+        event, data = "message", []
+        try:
+            for raw in self.response:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip(" "))
+                elif not line and data:
+                    payload = json.loads("\n".join(data))
+                    if event == "done":
+                        self.done = payload
+                    elif event == "error":
+                        self.error = ReinfError(payload.get("error", "the reply failed"),
+                                                fix=payload.get("fix"),
+                                                status=payload.get("status") or 500)
+                    self._queue.put((event, payload))
+                    event, data = "message", []
+        except (OSError, ValueError) as exc:
+            self.error = ReinfError(f"the connection to reinf serve broke: {exc}", status=502)
+        finally:
+            self.close()
+            self._ended.set()
+            self._queue.put(self._END)
+
+    def _next(self) -> tuple[str, dict] | None:
+        while True:
+            try:  # a timeout keeps the wait interruptible by Ctrl-C everywhere
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is self._END:
+                self._queue.put(self._END)  # stay ended for later callers
+                return None
+            return item
+
+    def __iter__(self) -> Iterator[str]:
+        while (item := self._next()) is not None:
+            event, payload = item
+            if event == "message" and isinstance(payload.get("delta"), str):
+                yield payload["delta"]
+            elif event == "error":
+                raise self.error
+
+    def stop(self) -> None:
+        if self.done is not None or self.stream_id is None or self._ended.is_set():
+            return
+        try:
+            self.backend.request("POST", f"/api/chat/{self.stream_id}/stop")
+        except ReinfError as exc:
+            if exc.status != 404:  # 404: it finished in the meantime
+                raise
+
+    def result(self) -> dict:
+        """The stored turn (``TurnRecord.to_dict()``), once the reply has ended."""
+        while not self._ended.wait(0.1):
+            pass
+        if self.done is None:
+            raise self.error or ReinfError("the reply ended without being stored", status=502)
+        try:
+            return self.backend.request("GET", f"/api/turns/{self.done['turn_id']}")
+        except ReinfError:
+            return dict(self.done)  # the done event carries the same core fields
+
+    def close(self) -> None:
+        try:
+            self.response.close()
+        except OSError:
+            pass
+
+
+def _error_from(exc: urllib.error.HTTPError) -> ReinfError:
+    try:
+        data = json.loads(exc.read() or b"{}")
+    except ValueError:
+        data = {}
+    if isinstance(data.get("error"), dict):  # the /v1 shape
+        data = {"error": data["error"].get("message"), "fix": data["error"].get("fix")}
+    return ReinfError(data.get("error") or f"reinf serve answered {exc.code} {exc.reason}",
+                      fix=data.get("fix"), status=exc.code)

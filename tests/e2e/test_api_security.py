@@ -1,0 +1,105 @@
+"""DESIGN §9 over real HTTP: loopback bind, Host allow-list, auth token, CSRF, headers."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import requests
+
+from webui_fakes import FakeChatService, app, fake_chat, live  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.e2e
+
+
+def outside_address() -> str | None:
+    """An address of this machine that is not loopback, if it has one."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.254.254.254", 1))  # UDP connect sends nothing
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+def test_the_server_binds_loopback_by_default(config, store):
+    from webui import create_app
+    from webui.server import BackgroundServer
+
+    assert config.server.host == "127.0.0.1"
+    app = create_app(config, store=store, chat=FakeChatService(store))
+    with BackgroundServer(app, host=config.server.host) as server:
+        assert server.server.socket.getsockname()[0] == "127.0.0.1"
+        assert requests.get(server.url + "/api/ping", timeout=5).status_code == 200
+        other = outside_address()
+        if other is not None:  # from another interface, nothing listens
+            with pytest.raises(OSError):
+                socket.create_connection((other, server.port), timeout=2).close()
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8765", "localhost.evil.example"])
+def test_a_foreign_host_header_is_400(live, store, host):
+    r = requests.post(live.url + "/api/chat", json={"message": "hi"}, headers={"Host": host},
+                      timeout=5)
+    assert r.status_code == 400 and "not an allowed name" in r.json()["error"]
+    assert requests.get(live.url + "/", headers={"Host": host}, timeout=5).status_code == 400
+    assert store.counts()["turns"] == 0
+    ok = requests.get(live.url + "/api/ping", headers={"Host": f"localhost:{live.port}"},
+                      timeout=5)
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("bind_setting", ["0.0.0.0", "127.0.0.1"])
+def test_with_an_auth_token_requests_need_it(config, store, bind_setting):
+    from webui import create_app
+    from webui.server import BackgroundServer
+
+    cfg = config.replace(host=bind_setting, auth_token="tok-123")
+    app = create_app(cfg, store=store, chat=FakeChatService(store))
+    # Bound to loopback in the test either way; the app applies the config's rules.
+    with BackgroundServer(app) as server:
+        r = requests.post(server.url + "/api/chat", json={"message": "hi"}, timeout=5)
+        assert r.status_code == 401 and "auth token" in r.json()["error"]
+        assert requests.get(server.url + "/v1/models", timeout=5).status_code == 401
+        bad = {"Authorization": "Bearer nope"}
+        assert requests.get(server.url + "/api/status", headers=bad, timeout=5).status_code == 401
+        assert store.counts()["turns"] == 0
+        good = {"Authorization": "Bearer tok-123"}
+        r = requests.post(server.url + "/api/chat", json={"message": "hi"}, headers=good,
+                          timeout=5)
+        assert r.status_code == 200 and store.counts()["turns"] == 1
+        page = requests.get(server.url + "/training", allow_redirects=False, timeout=5)
+        assert page.status_code == 302 and "/login" in page.headers["Location"]
+
+
+def test_cross_site_writes_are_403_and_same_origin_pages_work(live, app, store):
+    tid = store.append_turn(store.create_conversation().id, "q", "a").id
+    url = f"{live.url}/api/turns/{tid}/rating"
+    for headers in ({"Origin": "http://evil.example"},
+                    {"Origin": live.url, "Sec-Fetch-Site": "cross-site"},
+                    {"Origin": live.url}):  # same origin, but no page token
+        r = requests.put(url, json={"score": 5}, headers=headers, timeout=5)
+        assert r.status_code == 403, headers
+    assert store.get_turn(tid).rating is None
+    # a cross-site HTML form (url-encoded, no Origin on old browsers) is refused too
+    r = requests.post(live.url + "/api/chat", data={"message": "hi"}, timeout=5)
+    assert r.status_code == 415 and store.counts()["turns"] == 1
+    token = app.extensions["reinf"].guard.csrf_token
+    page = requests.get(live.url + "/", timeout=5).text
+    assert token in page
+    r = requests.put(url, json={"score": 5}, timeout=5,
+                     headers={"Origin": live.url, "X-Reinf-CSRF": token,
+                              "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 200 and store.get_turn(tid).rating.score == 5
+
+
+def test_security_headers_over_http(live):
+    for path in ("/", "/history", "/training", "/api/status", "/static/chat.js"):
+        r = requests.get(live.url + path, timeout=5)
+        csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp, path
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert r.headers["Referrer-Policy"] == "no-referrer"
+        assert "Access-Control-Allow-Origin" not in r.headers

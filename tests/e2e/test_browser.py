@@ -1,0 +1,301 @@
+"""The web UI in a real headless Chromium (Debian's chromium + chromium-driver, Selenium).
+
+Open the chat, send a message and watch tokens arrive, rate it 4 with a tag, reload the
+history page and find the rating, and check that an XSS payload in a prompt and in a
+reply stays inert text. Screenshots go to test-artifacts/.
+
+The chat service is FakeChatService: its reply echoes the prompt, so the model's output
+carries the payload too. Without Chromium the test fails, unless REINF_SKIP_BROWSER=1.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from webui_fakes import app, fake_chat, live  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = os.environ.get("REINF_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("REINF_CHROMEDRIVER", "/usr/bin/chromedriver")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+
+
+def build_driver(user_data_dir: Path, width: int = 1280, height: int = 900):
+    """A headless Chromium driven by Selenium, or a failure that says what to install."""
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        if os.environ.get("REINF_SKIP_BROWSER") == "1":
+            pytest.skip("REINF_SKIP_BROWSER=1 and no Chromium installed")
+        pytest.fail(f"the browser test needs {CHROMIUM} and {CHROMEDRIVER}: "
+                    "apt-get install -y chromium chromium-driver (or set REINF_SKIP_BROWSER=1)")
+    from webui.screenshots import build_driver as start_chromium
+
+    return start_chromium(user_data_dir, width=width, height=height, chromium=CHROMIUM,
+                          chromedriver=CHROMEDRIVER)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = build_driver(tmp_path_factory.mktemp("chromium"))
+    yield driver
+    driver.quit()
+
+
+def wait(driver, condition, timeout=15):
+    """Poll ``condition`` until truthy; elements re-rendered meanwhile are looked up again."""
+    from selenium.common.exceptions import (NoAlertPresentException, NoSuchElementException,
+                                            StaleElementReferenceException)
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.05, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException, NoAlertPresentException,
+        IndexError)).until(condition)
+
+
+def latest_turn(driver):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, "#transcript > li.turn")[-1]
+
+
+def send(driver, text):
+    from selenium.webdriver.common.by import By
+
+    box = driver.find_element(By.ID, "message")
+    box.clear()
+    box.send_keys(text)
+    driver.find_element(By.ID, "send").click()
+
+
+def reply_text(driver):
+    from selenium.webdriver.common.by import By
+
+    return latest_turn(driver).find_element(By.CSS_SELECTOR, ".msg.bot .text").text
+
+
+def test_chat_stream_rate_history_and_xss(browser, live, fake_chat, store):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.get(live.url + "/")
+    wait(browser, lambda d: d.find_element(By.ID, "message").is_displayed())
+
+    # 1. tokens arrive while the reply is being generated
+    fake_chat.gate = threading.Event()
+    send(browser, "hello browser world")
+    wait(browser, lambda d: reply_text(d).startswith("echo:"))
+    assert not fake_chat.finished  # generation is held at the gate: this came streaming
+    assert browser.find_element(By.ID, "stop").is_displayed()
+    fake_chat.gate.set()
+    wait(browser, lambda d: reply_text(d) == "echo: hello browser world")
+    panel = wait(browser, lambda d: latest_turn(d).find_element(By.CSS_SELECTOR, "section.rating"))
+    turn_id = int(latest_turn(browser).get_attribute("data-turn-id"))
+    assert store.get_turn(turn_id).reply == "echo: hello browser world"
+
+    # 2. rate it 4 with the keyboard shortcut, then add a suggested tag
+    ActionChains(browser).send_keys("4").perform()
+    wait(browser, lambda d: "Saved: 4/5" in panel.text)
+    panel.find_element(By.XPATH, ".//button[@class='tag' and text()='needs examples']").click()
+    wait(browser, lambda d: "Saved: 4/5 · needs examples" in panel.text)
+    rating = store.get_turn(turn_id).rating
+    assert (rating.score, rating.tags) == (4, ["needs examples"])
+    assert browser.find_element(By.ID, "message").get_attribute("value") == ""
+    browser.save_screenshot(str(ARTIFACTS / "chat.png"))
+
+    # 3. the history page shows the rating, also after a reload
+    browser.get(live.url + "/history")
+    row_css = f"#history-rows tr[data-turn-id='{turn_id}']"
+    row = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, row_css))
+    browser.refresh()
+    row = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, row_css))
+    assert "4/5" in row.text and "needs examples" in row.text
+    browser.save_screenshot(str(ARTIFACTS / "history.png"))
+
+    # 4. an XSS payload in the prompt (and so in the echoed reply) stays text
+    browser.get(live.url + "/")
+    wait(browser, lambda d: d.find_element(By.ID, "message").is_displayed())
+    send(browser, XSS)
+    wait(browser, lambda d: reply_text(d) == "echo: " + XSS)
+    turn = latest_turn(browser)
+    assert turn.find_element(By.CSS_SELECTOR, ".msg.user .text").text == XSS
+    assert turn.find_elements(By.CSS_SELECTOR, "img, script") == []
+    assert browser.execute_script("return window.__xss") is None
+    browser.get(live.url + "/history")
+    wait(browser, lambda d: XSS in d.find_element(By.ID, "history-rows").text)
+    assert browser.find_elements(By.CSS_SELECTOR, "#history-rows img, #history-rows script") == []
+    assert browser.execute_script("return window.__xss") is None
+    # the conversation list shows the payload as a title, as text too
+    browser.get(live.url + "/")
+    wait(browser, lambda d: XSS[:20] in d.find_element(By.ID, "conversation-list").text)
+    assert browser.find_elements(By.CSS_SELECTOR, "#conversation-list img") == []
+    assert browser.execute_script("return window.__xss") is None
+    # no script error and no Content-Security-Policy violation on any page
+    for path in ("/", "/history", "/training"):
+        browser.get(live.url + path)
+        wait(browser, lambda d: d.execute_script("return document.readyState") == "complete")
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"
+              and "favicon" not in e["message"]]
+    assert errors == []
+
+
+def test_stop_and_reopen_a_conversation(browser, live, fake_chat, store):
+    from selenium.webdriver.common.by import By
+
+    browser.get(live.url + "/")
+    wait(browser, lambda d: d.find_element(By.ID, "message").is_displayed())
+    fake_chat.gate = threading.Event()
+    send(browser, "a long answer please")
+    wait(browser, lambda d: reply_text(d).startswith("echo:"))
+    browser.find_element(By.ID, "stop").click()
+    wait(browser, lambda d: "stopped" in latest_turn(d).find_element(By.CSS_SELECTOR, ".meta").text)
+    turn_id = int(latest_turn(browser).get_attribute("data-turn-id"))
+    assert store.get_turn(turn_id).interrupted
+    conversation_id = store.get_turn(turn_id).conversation_id
+    # regenerate sends the same message again as a new turn of the conversation
+    fake_chat.gate = None
+    browser.find_element(By.ID, "regenerate").click()
+    wait(browser, lambda d: reply_text(d) == "echo: a long answer please")
+    assert len(store.conversation_turns(conversation_id)) == 2
+    # a new conversation, then reopen the old one from the list
+    browser.find_element(By.ID, "new-conversation").click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#transcript > li") == [])
+    item = wait(browser, lambda d: d.find_element(
+        By.CSS_SELECTOR, f"button.conversation[data-conversation-id='{conversation_id}']"))
+    item.click()
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#transcript > li")) == 2)
+
+
+def test_phone_width_layout(live, fake_chat, store, tmp_path):
+    """At 375 px nothing overflows sideways and the composer and rating still work."""
+    from selenium.webdriver.common.by import By
+
+    tid = store.append_turn(store.create_conversation().id, "a question", "an answer").id
+    store.rate(tid, 3, tags=["too long"])
+    driver = build_driver(tmp_path / "phone", width=375, height=740)
+    try:
+        for path in ("/", "/history", "/training"):
+            driver.get(live.url + path)
+            wait(driver, lambda d: d.execute_script("return document.readyState") == "complete")
+            wide = driver.execute_script("return document.documentElement.scrollWidth")
+            assert wide <= 376, f"{path} is {wide}px wide on a 375px screen"
+        driver.get(live.url + "/")
+        send(driver, "from a phone")
+        panel = wait(driver, lambda d: latest_turn(d).find_element(By.CSS_SELECTOR,
+                                                                   "section.rating"))
+        panel.find_element(By.CSS_SELECTOR, "button[data-score='5']").click()
+        wait(driver, lambda d: "Saved: 5/5" in panel.text)
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "chat-phone.png"))
+    finally:
+        driver.quit()
+        shutil.rmtree(tmp_path / "phone", ignore_errors=True)
+
+
+def test_history_filters_and_forget(browser, live, store):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    conv = store.create_conversation().id
+    keep = store.append_turn(conv, "keep me", "kept reply").id
+    drop = store.append_turn(conv, "drop me", "dropped reply").id
+    store.rate(keep, 5, tags=["great tone"])
+    store.rate(drop, 2, tags=["wrong"])
+    browser.get(live.url + "/history")
+    rows = "#history-rows tr"
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2)
+    Select(browser.find_element(By.ID, "filter-rating")).select_by_value("4-5")
+    browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
+    wait(browser, lambda d: [r.get_attribute("data-turn-id") for r in
+                             d.find_elements(By.CSS_SELECTOR, rows)] == [str(keep)])
+    assert "min_score=4" in browser.current_url
+    browser.find_element(By.CSS_SELECTOR, "#filters button[type=reset]").click()
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == 2)
+    tag = browser.find_element(By.ID, "filter-tag")
+    tag.send_keys("wrong")
+    browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
+    row = wait(browser, lambda d: (lambda r: r[0] if len(r) == 1 and
+                                   r[0].get_attribute("data-turn-id") == str(drop) else None)(
+        d.find_elements(By.CSS_SELECTOR, rows)))
+    row.find_element(By.XPATH, ".//button[text()='Delete turn']").click()
+    wait(browser, lambda d: d.switch_to.alert).accept()
+    wait(browser, lambda d: "No turns match" in d.find_element(By.ID, "history-count").text)
+    assert [t.id for t in store.history(limit=None)] == [keep]
+
+
+def test_training_page_shows_runs_hook_error_and_rolls_back(browser, config, store, tmp_path,
+                                                           fake_chat):
+    from selenium.webdriver.common.by import By
+
+    from webui import create_app
+    from webui.server import BackgroundServer
+
+    hook = config.data_dir / "mapper.py"
+    hook.write_text("def reward_mapper(score, metadata):\n    return undefined_name\n")
+    cfg = config.replace(reward_mapper=f"{hook}:reward_mapper")
+    for score, ckpt in ((2, None), (3, None), (4, "ckpt-2"), (5, "ckpt-2")):
+        tid = store.append_turn(store.create_conversation().id, "q", "a", checkpoint_id=ckpt).id
+        store.rate(tid, score)  # rated before the runs: nothing is waiting afterwards
+    for n, reward in ((1, 0.1), (2, 0.45)):
+        run = store.start_run("manual")
+        store.add_checkpoint(f"ckpt-{n}", str(tmp_path / f"c{n}"), run_id=run.id,
+                             parent_id=f"ckpt-{n - 1}" if n > 1 else None,
+                             metrics={"reward_mean": reward, "kl": 0.01})
+        store.finish_run(run.id, "succeeded", samples=4, checkpoint_id=f"ckpt-{n}",
+                         metrics={"reward_mean": reward, "kl": 0.01, "clipfrac": 0.1})
+    store.activate_checkpoint("ckpt-2")
+    app = create_app(cfg, store=store, chat=fake_chat)
+    with BackgroundServer(app) as server:
+        browser.get(server.url + "/training")
+        wait(browser, lambda d: d.find_element(By.ID, "active-checkpoint").text == "ckpt-2")
+        assert browser.find_element(By.ID, "hook-state").text == "broken"
+        assert "undefined_name" in browser.find_element(By.ID, "hook-error").text
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#run-rows tr")) == 2
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#reward-chart circle.dot")) == 2
+        bars = browser.find_elements(By.CSS_SELECTOR, "#rating-chart rect.bar")
+        assert len(bars) == 2  # base (mean 2.5) and ckpt-2 (mean 4.5)
+        assert "4.50" in browser.find_element(By.ID, "rating-chart").text
+        browser.save_screenshot(str(ARTIFACTS / "training.png"))
+        browser.find_element(By.XPATH, "//button[text()='Use base model']").click()
+        wait(browser, lambda d: d.switch_to.alert).accept()
+        wait(browser, lambda d: d.find_element(By.ID, "active-checkpoint").text == "base")
+        assert store.active_checkpoint() is None
+        nothing = browser.find_element(By.ID, "train-now")
+        nothing.click()  # no new ratings since the last run
+        toast = wait(browser, lambda d: d.find_element(By.ID, "toast"))
+        wait(browser, lambda d: "nothing new to train on" in toast.text)
+
+
+def test_rating_panel_comment_critical_undo_and_rerate(browser, live, store):
+    from selenium.webdriver.common.by import By
+
+    conv = store.create_conversation().id
+    tid = store.append_turn(conv, "explain", "a reply").id
+    browser.get(f"{live.url}/?conversation={conv}")
+    panel = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR,
+                                                   f"section.rating[data-turn-id='{tid}']"))
+    panel.find_element(By.CSS_SELECTOR, "button[data-score='2']").click()
+    wait(browser, lambda d: "Saved: 2/5" in panel.text)
+    panel.find_element(By.TAG_NAME, "summary").click()
+    panel.find_element(By.CSS_SELECTOR, "input.free-tag-input").send_keys("rambles\n")
+    panel.find_element(By.TAG_NAME, "textarea").send_keys("too wordy")
+    panel.find_element(By.CSS_SELECTOR, "input[type=checkbox]").click()  # blur saves the comment
+    wait(browser, lambda d: "Saved: 2/5 · rambles · critical · commented" in panel.text)
+    rating = store.get_turn(tid).rating
+    assert (rating.score, rating.tags, rating.comment, rating.critical) == (
+        2, ["rambles"], "too wordy", True)
+    panel.find_element(By.XPATH, ".//button[text()='Undo']").click()
+    wait(browser, lambda d: "Rating removed" in panel.text)
+    assert store.get_turn(tid).rating is None
+    panel.find_element(By.CSS_SELECTOR, "button[data-score='5']").click()
+    wait(browser, lambda d: "Saved: 5/5" in panel.text)
+    assert store.get_turn(tid).rating.score == 5
+    browser.refresh()  # the saved state comes back from the server
+    panel = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR,
+                                                   f"section.rating[data-turn-id='{tid}']"))
+    wait(browser, lambda d: "Saved: 5/5 · rambles" in panel.text)

@@ -1,0 +1,194 @@
+"""The server's lock file between real processes, and talking to a running server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import clean_env
+from reinf.daemon import notify_rollback, probe_daemon, request_train
+from reinf.errors import Conflict, ReinfError
+from reinf.lock import acquire_lock, lock_path
+from reinf.remote import Unreachable, fetch_schedule
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from reinf.config import load_config
+    from reinf.lock import acquire_lock
+    lock = acquire_lock(load_config(), url="http://127.0.0.1:9999/")
+    print("locked", flush=True)
+    sys.stdin.readline()  # hold it until told (or killed)
+    lock.release()
+    print("released", flush=True)
+""")
+
+
+def start_holder(home):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=clean_env(home))
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_second_server_is_refused_with_a_clear_message_then_takes_over(config, home):
+    proc = start_holder(home)
+    try:
+        with pytest.raises(Conflict) as err:
+            acquire_lock(config)
+        message = str(err.value)
+        assert f"another reinf serve (pid {proc.pid}, http://127.0.0.1:9999/)" in message
+        assert str(config.data_dir) in message
+        assert "stop it first, or set REINF_HOME to another directory" in message
+        probe = probe_daemon(config)
+        assert probe["running"] is True and probe["pid"] == proc.pid
+        assert probe["url"] == "http://127.0.0.1:9999/" and probe["started_at"]
+        proc.kill()  # like kill -9: no chance to clean up; the kernel drops the flock
+        proc.wait()
+        assert probe_daemon(config)["running"] is False
+        lock = acquire_lock(config, host="127.0.0.1", port=8766)
+        info = json.loads(lock_path(config).read_text())
+        assert info["pid"] == os.getpid() and info["port"] == 8766
+        lock.release()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def test_a_clean_release_lets_the_next_server_start(config, home):
+    proc = start_holder(home)
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "released"
+    proc.wait(10)
+    proc.stdin.close()
+    proc.stdout.close()
+    assert lock_path(config).read_text() == ""
+    assert probe_daemon(config)["running"] is False
+    with acquire_lock(config) as lock:
+        assert lock.held and probe_daemon(config)["pid"] == os.getpid()
+    assert not lock.held and probe_daemon(config)["running"] is False
+
+
+def test_a_stale_file_of_a_dead_process_is_taken_over(config):
+    path = lock_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": 999999, "url": "http://127.0.0.1:1/"}))
+    assert probe_daemon(config)["running"] is False
+    with acquire_lock(config, url="http://127.0.0.1:2/") as lock:
+        lock.update(url="http://127.0.0.1:3/", port="8771")  # waitress gives text
+        probe = probe_daemon(config)
+        assert probe["url"] == "http://127.0.0.1:3/" and probe["port"] == 8771
+
+
+def test_no_server_means_none_and_false(config):
+    assert request_train(config) is None
+    assert notify_rollback(config, "base") is False
+
+
+class Recorder(BaseHTTPRequestHandler):
+    seen: list = []
+    answer = (202, {"started": True, "trigger": "request"})
+    statuses: list = []
+
+    def do_GET(self):  # noqa: N802
+        Recorder.seen.append((self.path, dict(self.headers), None))
+        out = json.dumps(Recorder.statuses.pop(0)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"] or 0))
+        Recorder.seen.append((self.path, dict(self.headers), json.loads(body)))
+        code, data = Recorder.answer
+        out = json.dumps(data).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    Recorder.seen = []
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_requests_reach_the_running_server_with_its_token(config, fake_server):
+    cfg = config.replace(auth_token="s3cret")
+    port = fake_server.server_address[1]
+    with acquire_lock(cfg, host="0.0.0.0", port=port, url=f"http://0.0.0.0:{port}/"):
+        Recorder.answer = (202, {"started": True, "trigger": "request"})
+        assert request_train(cfg) == {"started": True, "trigger": "request"}
+        Recorder.answer = (200, {"active_checkpoint": "base"})
+        assert notify_rollback(cfg, None) is True
+        Recorder.answer = (409, {"error": "the engine could not load checkpoint x",
+                                 "fix": "the active checkpoint is unchanged"})
+        with pytest.raises(ReinfError, match="could not load checkpoint x") as err:
+            notify_rollback(cfg, "x")
+        assert err.value.status == 409
+    (path, headers, body), (path2, _, body2) = Recorder.seen[:2]
+    assert path == "/api/train" and body == {}
+    assert headers["Authorization"] == "Bearer s3cret"
+    assert headers["Content-Type"] == "application/json"
+    assert headers["Host"] == f"127.0.0.1:{port}"  # a wildcard bind is reached on loopback
+    assert path2 == "/api/rollback" and body2 == {"checkpoint_id": "base"}
+
+
+def test_reinf_train_can_follow_the_servers_round_to_its_end(config, fake_server):
+    port = fake_server.server_address[1]
+    old = {"status": "succeeded", "run_id": 1, "finished_at": "2030-01-01T00:00:00"}
+    new = {"status": "failed", "run_id": 2, "message": "timed out after 30 s"}
+    Recorder.statuses = [{"schedule": {"training": False, "last_result": old}},
+                         {"schedule": {"training": True, "last_result": old}},
+                         {"schedule": {"training": False, "last_result": new}}]
+    Recorder.answer = (202, {"started": True, "trigger": "request"})
+    with acquire_lock(config, host="127.0.0.1", port=port):
+        out = request_train(config, wait=True, poll_seconds=0.01)
+    assert out == {"started": True, "trigger": "request", "result": new}
+    assert [p for p, _, _ in Recorder.seen] == ["/api/status", "/api/train", "/api/status",
+                                                "/api/status"]
+    Recorder.statuses = [{"schedule": {"training": True, "last_result": old}}]
+    Recorder.answer = (409, {"error": "a round is already running", "status": 409,
+                             "started": False, "reason": "a round is already running",
+                             "run_id": 7})
+    with acquire_lock(config, host="127.0.0.1", port=port):
+        busy = request_train(config, wait=True, force=True)
+    assert busy["started"] is False and busy["run_id"] == 7
+    assert Recorder.seen[-1][0] == "/api/train" and Recorder.seen[-1][2] == {"force": True}
+    Recorder.statuses = [{"schedule": {"next_run": "2030-01-01T00:30:00+00:00"}}]
+    with acquire_lock(config, host="127.0.0.1", port=port):
+        assert fetch_schedule(config) == {"next_run": "2030-01-01T00:30:00+00:00"}
+    assert fetch_schedule(config) is None  # no server
+
+
+def test_a_server_that_holds_the_lock_but_does_not_answer(config):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with acquire_lock(config, host="127.0.0.1", port=port):
+        with pytest.raises(Unreachable, match="does not answer") as err:
+            request_train(config)
+        assert err.value.status == 503
+        assert notify_rollback(config, "base") is False  # the store holds the choice

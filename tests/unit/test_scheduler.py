@@ -1,0 +1,407 @@
+"""The daemon's schedule, swaps and rollbacks, with a fake round runner and a fake engine.
+
+The scheduler is the real APScheduler and the store a real SQLite database; only the
+child process (reinf.worker) and the model (reinf.engine) are replaced, by fakes that
+write the same rows a real round writes.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reinf.daemon import INTERRUPTED, Daemon
+from reinf.errors import BadInput, Conflict, NotFound
+from reinf.lock import acquire_train_lock
+from reinf.scheduler import BUSY, run_job
+from reinf.worker import Outcome
+
+REQUIRED = ("adapter_config.json", "adapter_model.safetensors", "value_head.safetensors",
+            "trainer_state.pt", "metrics.json")
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return bool(condition())
+
+
+def rate_new_turn(store, score: int = 4) -> int:
+    conv = store.create_conversation("t").id
+    turn = store.append_turn(conv, "question", "reply", prompt_ids=[1, 2], reply_ids=[3, 4],
+                             logprobs=[-0.5, -0.7])
+    store.rate(turn.id, score)
+    return turn.id
+
+
+def make_checkpoint(store, home: Path, checkpoint_id: str, *, parent: str | None = None,
+                    complete: bool = True, activate: bool = False) -> str:
+    path = home / "checkpoints" / checkpoint_id
+    path.mkdir(parents=True)
+    for name in REQUIRED if complete else REQUIRED[:-1]:
+        (path / name).write_text("x")
+    store.add_checkpoint(checkpoint_id, str(path), parent_id=parent)
+    if activate:
+        store.activate_checkpoint(checkpoint_id)
+    return str(path)
+
+
+class FakeEngine:
+    def __init__(self, fail_on: set[str] | None = None):
+        self.active_checkpoint_id: str | None = None
+        self.swaps: list[tuple[str | None, str | None]] = []
+        self.fail_on = fail_on or set()
+
+    def request_swap(self, checkpoint_id, path=None):
+        if checkpoint_id in self.fail_on:
+            raise RuntimeError(f"broken adapter {checkpoint_id}")
+        self.swaps.append((checkpoint_id, path))
+        self.active_checkpoint_id = checkpoint_id
+        return 1.5
+
+
+class FakeRunner:
+    """Writes the rows a real round writes; ``script`` says what each round does."""
+
+    def __init__(self, store, home: Path, script=None):
+        self.store, self.home = store, home
+        self.script = list(script or [])
+        self.calls: list[str] = []
+        self.release = threading.Event()
+        self.release.set()
+        self.entered = threading.Event()
+        self.active = 0
+        self.most_active = 0
+        self.run_id: int | None = None
+        self.stop_reason: str | None = None
+
+    def current_run_id(self):
+        return self.run_id
+
+    def stop(self, reason="stopped at shutdown"):
+        self.stop_reason = reason
+        self.release.set()
+
+    def kill_now(self):
+        self.stop("killed")
+
+    def run(self, trigger, *, force=False):
+        self.calls.append(trigger)
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            action = self.script.pop(0) if self.script else "succeed"
+            if action == "raise":
+                raise RuntimeError("boom in the runner")
+            run = self.store.start_run(trigger, pid=12345)
+            self.run_id = run.id
+            self.entered.set()
+            self.release.wait(30)
+            if self.stop_reason:
+                self.store.finish_run(run.id, "failed", error=self.stop_reason)
+                return Outcome("failed", self.stop_reason, run_id=run.id)
+            if action == "fail":
+                self.store.finish_run(run.id, "failed", error="reward hook broken")
+                return Outcome("failed", "reward hook broken", run_id=run.id, exit_code=5)
+            ckpt = f"r{len(self.calls):04d}"
+            parent = self.store.active_checkpoint()
+            make_checkpoint(self.store, self.home, ckpt, parent=parent.id if parent else None)
+            self.store.activate_checkpoint(ckpt)
+            self.store.finish_run(run.id, "succeeded", checkpoint_id=ckpt)
+            return Outcome("succeeded", f"checkpoint {ckpt} is active", run_id=run.id,
+                           checkpoint_id=ckpt, exit_code=0)
+        finally:
+            self.run_id = None
+            self.active -= 1
+
+
+@pytest.fixture
+def build(config, store, home):
+    made = []
+
+    def make(script=None, engine=None, schedule=True, **settings):
+        cfg = config.replace(**{"train_interval_minutes": 0, "train_after_ratings": 3,
+                                **settings})
+        runner = FakeRunner(store, home, script)
+        daemon = Daemon(cfg, store, engine if engine is not None else FakeEngine(),
+                        runner=runner, schedule=schedule)
+        made.append(daemon)
+        return daemon, runner
+    yield make
+    for daemon in made:
+        daemon.shutdown(timeout=5)
+
+
+def test_ratings_threshold_starts_a_round_counted_exactly(build, store):
+    daemon, runner = build()
+    daemon.start()
+    first = rate_new_turn(store)
+    daemon.notify_rating()
+    rate_new_turn(store)
+    daemon.notify_rating()
+    store.rate(first, 2)  # a re-rate: three notifications, still two waiting ratings
+    daemon.notify_rating()
+    time.sleep(0.5)
+    assert runner.calls == []
+    assert daemon.schedule_info()["ratings_waiting"] == 2
+    rate_new_turn(store)
+    daemon.notify_rating()
+    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
+    assert runner.calls == ["ratings"]
+    assert daemon.schedule_info()["last_result"]["status"] == "succeeded"
+    assert store.ratings_waiting() == 0
+
+
+def test_interval_ticks_train_only_when_ratings_wait(build, store):
+    daemon, runner = build(train_interval_minutes=0.005, train_after_ratings=0)
+    daemon.start()
+    assert daemon.schedule_info()["next_run"] is not None
+    time.sleep(1.0)  # about three ticks with nothing to train on
+    assert runner.calls == []
+    rate_new_turn(store)
+    assert wait_for(lambda: runner.calls == ["interval"], timeout=5)
+    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
+    time.sleep(1.0)  # the round consumed the rating: later ticks skip again
+    assert runner.calls == ["interval"]
+
+
+def test_one_round_at_a_time_and_ratings_during_a_round_train_next(build, store):
+    daemon, runner = build()
+    daemon.start()
+    rate_new_turn(store)
+    runner.release.clear()
+    assert daemon.train_now()["started"] is True
+    assert runner.entered.wait(5)
+    busy = daemon.train_now()
+    assert busy == {"started": False, "reason": BUSY, "run_id": runner.run_id,
+                    "trigger": "request"}
+    assert daemon.schedule_info()["training"] is True
+    for _ in range(3):  # enough for the ratings trigger, but a round is running
+        rate_new_turn(store)
+        daemon.notify_rating()
+    time.sleep(0.3)
+    assert runner.calls == ["request"]
+    runner.release.set()
+    assert wait_for(lambda: runner.calls == ["request", "ratings"])
+    assert wait_for(lambda: not daemon.schedule_info()["training"])
+    assert runner.most_active == 1
+
+
+def test_a_failed_round_is_recorded_and_the_scheduler_lives_on(build, store):
+    daemon, runner = build(script=["raise", "fail", "succeed"], train_after_ratings=2)
+    daemon.start()
+    rate_new_turn(store)
+    assert daemon.train_now()["started"]
+    assert wait_for(lambda: (daemon.schedule_info()["last_result"] or {}).get("status"))
+    last = daemon.schedule_info()["last_result"]
+    assert last["status"] == "failed" and "boom in the runner" in last["message"]
+    assert daemon.train_now()["started"]
+    assert wait_for(lambda: len(runner.calls) == 2 and not daemon.scheduler.busy)
+    assert store.list_runs()[0].status == "failed"
+    assert store.list_runs()[0].error == "reward hook broken"
+    # After a failure the ratings trigger waits for train_after_ratings *new* ratings,
+    # though the old ones still wait (a broken hook must not retry on every click).
+    rate_new_turn(store)
+    daemon.notify_rating()
+    time.sleep(0.4)
+    assert len(runner.calls) == 2 and store.ratings_waiting() == 2
+    rate_new_turn(store)
+    daemon.notify_rating()
+    assert wait_for(lambda: len(runner.calls) == 3)
+    assert wait_for(lambda: daemon.schedule_info()["last_result"]["status"] == "succeeded")
+
+
+def test_a_successful_round_is_swapped_in(build, store):
+    engine = FakeEngine()
+    daemon, runner = build(engine=engine)
+    daemon.start()
+    rate_new_turn(store)
+    daemon.train_now()
+    assert wait_for(lambda: engine.swaps)
+    ckpt = runner.store.active_checkpoint()
+    assert engine.swaps == [(ckpt.id, ckpt.path)]
+    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
+    info = daemon.schedule_info()
+    assert info["last_result"]["swapped"] is True
+    assert info["active_checkpoint"] == ckpt.id
+
+
+def test_a_checkpoint_the_engine_cannot_load_is_not_left_active(build, store, home):
+    make_checkpoint(store, home, "good", activate=True)
+    engine = FakeEngine(fail_on={"r0001"})
+    daemon, runner = build(engine=engine)
+    daemon.start()
+    rate_new_turn(store)
+    daemon.train_now()
+    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
+    result = daemon.schedule_info()["last_result"]
+    assert result["status"] == "succeeded" and result["swapped"] is False
+    assert "r0001" in result["swap_error"]
+    assert store.active_checkpoint().id == "good" == engine.active_checkpoint_id
+    assert any("r0001" in w for w in daemon.schedule_info()["warnings"])
+
+
+def test_rollback_switches_store_and_engine_and_survives_a_restart(build, store, home):
+    c1 = make_checkpoint(store, home, "c1")
+    make_checkpoint(store, home, "c2", parent="c1", activate=True)
+    make_checkpoint(store, home, "half", complete=False)
+    engine = FakeEngine()
+    daemon, _ = build(engine=engine)
+    daemon.start()
+    assert engine.active_checkpoint_id == "c2"
+    out = daemon.rollback(None)  # no target: the parent
+    assert out["active_checkpoint"] == "c1" and out["previous_checkpoint"] == "c2"
+    assert engine.swaps[-1] == ("c1", c1)
+    with pytest.raises(NotFound):
+        daemon.rollback("nope")
+    with pytest.raises(Conflict, match="incomplete"):
+        daemon.rollback("half")
+    assert store.active_checkpoint().id == "c1" == engine.active_checkpoint_id
+    daemon.shutdown(timeout=5)
+
+    restarted_engine = FakeEngine()
+    again, _ = build(engine=restarted_engine)
+    again.start()
+    assert restarted_engine.swaps == [("c1", c1)]
+    assert again.rollback("base")["active_checkpoint"] == "base"
+    assert store.active_checkpoint() is None and restarted_engine.active_checkpoint_id is None
+    store.set_checkpoint_status("c2", "rejected")
+    with pytest.raises(BadInput):
+        again.rollback("c2")
+
+
+def test_rollback_during_a_round_wins_over_the_rounds_checkpoint(build, store, home):
+    make_checkpoint(store, home, "c1", activate=True)
+    engine = FakeEngine()
+    daemon, runner = build(engine=engine)
+    daemon.start()
+    rate_new_turn(store)
+    runner.release.clear()
+    daemon.train_now()
+    assert runner.entered.wait(5)
+    daemon.rollback("base")
+    runner.release.set()
+    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
+    result = daemon.schedule_info()["last_result"]
+    assert result["status"] == "succeeded" and result["swapped"] is False
+    assert store.active_checkpoint() is None and engine.active_checkpoint_id is None
+    assert store.get_checkpoint(result["checkpoint_id"]).status == "promoted"
+
+
+def test_start_marks_interrupted_runs_and_skips_a_broken_checkpoint(build, store, home):
+    left = store.start_run("ratings", pid=999999)
+    c1 = make_checkpoint(store, home, "c1")
+    make_checkpoint(store, home, "c2", parent="c1", complete=False, activate=True)
+    engine = FakeEngine()
+    daemon, _ = build(engine=engine)
+    daemon.start()
+    run = store.get_run(left.id)
+    assert run.status == "failed" and run.error == INTERRUPTED
+    assert store.active_checkpoint().id == "c1"
+    assert engine.swaps == [("c1", c1)]
+    assert any("c2" in w and "serving c1" in w for w in daemon.schedule_info()["warnings"])
+
+
+def test_a_round_of_another_process_is_left_alone_then_followed(build, store, config, home):
+    """A foreground `reinf train` (or a trainer that outlived a crashed server) holds the
+    train lock: its row stays running, and what it activates is served when it ends."""
+    live = store.start_run("manual", pid=4242)
+    held = acquire_train_lock(config, trigger="manual")
+    engine = FakeEngine()
+    daemon, _ = build(engine=engine)
+    daemon.reconcile_seconds = 0.1
+    try:
+        daemon.start()
+        assert store.get_run(live.id).status == "running"
+        make_checkpoint(store, home, "theirs", activate=True)
+        store.finish_run(live.id, "succeeded", checkpoint_id="theirs")
+        time.sleep(0.3)
+        assert engine.active_checkpoint_id is None  # not while their round runs
+    finally:
+        held.release()
+    assert wait_for(lambda: engine.active_checkpoint_id == "theirs")
+    assert store.get_run(live.id).status == "succeeded"
+
+
+def test_a_second_daemon_on_the_same_data_dir_is_refused(build):
+    first, _ = build()
+    first.start()
+    second, _ = build()
+    with pytest.raises(Conflict, match="another reinf serve"):
+        second.start()
+
+
+def test_shutdown_stops_the_round_and_records_why(build, store):
+    daemon, runner = build()
+    daemon.start()
+    rate_new_turn(store)
+    runner.release.clear()
+    daemon.train_now()
+    assert runner.entered.wait(5)
+    assert daemon.shutdown(timeout=5) is True
+    assert store.list_runs()[0].status == "failed"
+    assert store.list_runs()[0].error == "stopped at shutdown"
+    assert daemon.train_now()["started"] is False
+    assert daemon.schedule_info()["running"] is False
+
+
+def test_changes_made_by_other_processes_reach_the_engine(build, store, home):
+    """`reinf rollback` without a reachable server, or a foreground `reinf train`, change
+    the store; the reconcile job brings the engine (and orphaned rows) in line."""
+    c1 = make_checkpoint(store, home, "c1")
+    engine = FakeEngine()
+    daemon, _ = build(engine=engine, schedule=False)
+    daemon.reconcile_seconds = 0.1
+    daemon.start()
+    assert daemon.schedule_info()["next_run"] is None  # housekeeping is not a round
+    store.activate_checkpoint("c1")
+    assert wait_for(lambda: engine.swaps == [("c1", c1)])
+    orphan = store.start_run("ratings", pid=999999)  # its trainer died with no one to tell
+    assert wait_for(lambda: store.get_run(orphan.id).status == "failed")
+    assert store.get_run(orphan.id).error == INTERRUPTED
+    assert engine.swaps == [("c1", c1)]
+
+
+def test_no_train_turns_scheduling_off_but_train_now_works(build, store):
+    daemon, runner = build(schedule=False, train_interval_minutes=0.005, train_after_ratings=1)
+    daemon.start()
+    assert daemon.schedule_info()["next_run"] is None
+    rate_new_turn(store)
+    daemon.notify_rating()
+    time.sleep(0.6)
+    assert runner.calls == []
+    assert daemon.train_now()["started"] is True
+    assert wait_for(lambda: runner.calls == ["request"])
+
+
+def test_train_now_with_nothing_new_says_so(build):
+    daemon, runner = build()
+    daemon.start()
+    out = daemon.train_now()
+    assert out["started"] is False and "nothing new" in out["reason"]
+    assert daemon.train_now(force=True)["started"] is True
+    assert wait_for(lambda: runner.calls == ["request"])
+
+
+def test_run_job_is_the_job_boundary(store):
+    clock = iter([f"2030-01-01T00:00:0{i}" for i in range(9)])
+
+    def now():
+        from datetime import datetime
+        return datetime.fromisoformat(next(clock))
+
+    def crash(trigger, force):
+        raise ValueError("bad")
+
+    result = run_job("ratings", force=False, round_fn=crash, store=store, now=now)
+    assert result["status"] == "failed" and "ValueError: bad" in result["message"]
+    assert result["started_at"] == "2030-01-01T00:00:00"
+    assert result["finished_at"] == "2030-01-01T00:00:01"
+    skipped = run_job("interval", force=False, round_fn=crash, store=store, now=now,
+                      min_waiting=1)
+    assert skipped["status"] == "skipped" and "0 new rating" in skipped["message"]

@@ -1,0 +1,184 @@
+"""DESIGN §9 through the test client: Host allow-list, auth token, CSRF, size limits,
+headers. The same checks are exercised over real HTTP in tests/e2e/test_api_security.py."""
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from reinf.errors import ConfigError
+from webui_fakes import app, client, fake_chat  # noqa: F401 - fixtures
+
+
+def make_client(config, store, fake_chat, **settings):
+    from webui import create_app
+
+    return create_app(config.replace(**settings), store=store, chat=fake_chat).test_client()
+
+
+# --- Host header (DNS rebinding) -----------------------------------------------------
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8765", "127.0.0.1:8765",
+                                  "[::1]:8765", "127.0.0.5", "LOCALHOST:1"])
+def test_local_host_names_are_accepted(client, host):
+    assert client.get("/api/ping", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "localhost.evil.example:8765",
+                                  "192.168.1.7:8765", "rebind.attacker.test", "[::2]"])
+def test_other_host_names_are_400_before_anything_runs(client, store, host):
+    r = client.post("/api/chat", json={"message": "hi"}, headers={"Host": host})
+    assert r.status_code == 400
+    assert "not an allowed name" in r.get_json()["error"] and "allowed_hosts" in r.get_json()["fix"]
+    assert client.get("/", headers={"Host": host}).status_code == 400
+    assert store.counts()["turns"] == 0
+
+
+def test_allowed_hosts_extends_the_list(config, store, fake_chat):
+    c = make_client(config, store, fake_chat, allowed_hosts=["reinf.lan"])
+    assert c.get("/api/ping", headers={"Host": "reinf.lan:8765"}).status_code == 200
+    assert c.get("/api/ping", headers={"Host": "other.lan"}).status_code == 400
+
+
+def test_binding_off_loopback_without_a_token_is_refused(config):
+    with pytest.raises(ConfigError, match="auth_token"):
+        config.replace(host="0.0.0.0")
+
+
+# --- auth token ----------------------------------------------------------------------
+
+@pytest.fixture
+def locked(config, store, fake_chat):
+    return make_client(config, store, fake_chat, host="0.0.0.0", auth_token="s3cret-token")
+
+
+@pytest.mark.parametrize("path", ["/api/status", "/api/history", "/v1/models"])
+def test_api_without_the_token_is_401(locked, path):
+    r = locked.get(path)
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Bearer")
+    assert "auth token" in (r.get_json()["error"] if path.startswith("/api")
+                            else r.get_json()["error"]["message"])
+    assert locked.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    ok = locked.get(path, headers={"Authorization": "Bearer s3cret-token"})
+    assert ok.status_code == 200
+
+
+def test_writes_without_the_token_are_401_and_store_nothing(locked, store):
+    r = locked.post("/api/chat", json={"message": "hi"})
+    assert r.status_code == 401 and store.counts()["turns"] == 0
+
+
+def test_off_loopback_any_ip_host_is_accepted_but_names_are_not(locked):
+    auth = {"Authorization": "Bearer s3cret-token"}
+    assert locked.get("/api/ping", headers={**auth, "Host": "192.168.1.7:8765"}).status_code == 200
+    assert locked.get("/api/ping", headers={**auth, "Host": "evil.example"}).status_code == 400
+
+
+def test_pages_redirect_to_login_and_the_cookie_unlocks_them(locked):
+    r = locked.get("/history")
+    assert r.status_code == 302 and r.headers["Location"].startswith("/login?next=")
+    css = locked.get("/static/style.css")
+    assert css.status_code == 200
+    css.close()
+    page = locked.get("/login").get_data(as_text=True)
+    csrf = locked.application.extensions["reinf"].guard.csrf_token
+    assert csrf in page
+    bad = locked.post("/login", data={"token": "nope", "csrf": csrf, "next": "/history"})
+    assert bad.status_code == 401 and "not right" in bad.get_data(as_text=True)
+    no_csrf = locked.post("/login", data={"token": "s3cret-token"})
+    assert no_csrf.status_code == 415 or no_csrf.status_code == 403
+    good = locked.post("/login", data={"token": "s3cret-token", "csrf": csrf,
+                                       "next": "//evil.example/x"})
+    assert good.status_code == 302 and good.headers["Location"] == "/"
+    cookie = good.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert locked.get("/history").status_code == 200
+    assert locked.get("/api/status").status_code == 200  # the cookie authenticates the page
+    # a browser with the cookie still needs the CSRF header to change anything
+    assert locked.post("/api/chat", json={"message": "x"}).status_code == 403
+    r = locked.post("/api/chat", json={"message": "x"}, headers={"X-Reinf-CSRF": csrf})
+    assert r.status_code == 200
+
+
+# --- CSRF ----------------------------------------------------------------------------
+
+def csrf_of(client) -> str:
+    return client.application.extensions["reinf"].guard.csrf_token
+
+
+@pytest.mark.parametrize("headers, status, needle", [
+    ({"Origin": "http://evil.example"}, 403, "cross-site request from http://evil.example"),
+    ({"Origin": "null"}, 403, "cross-site"),
+    ({"Origin": "http://localhost:9999"}, 403, "cross-site"),
+    ({"Sec-Fetch-Site": "cross-site"}, 403, "cross-site request refused"),
+    ({"Sec-Fetch-Site": "same-site"}, 403, "same-site request refused"),
+    ({"Origin": "http://localhost"}, 403, "missing security token"),
+    ({"Cookie": "x=1"}, 403, "missing security token"),
+    ({"Sec-Fetch-Site": "same-origin"}, 403, "missing security token"),
+    ({"X-Reinf-CSRF": "stale"}, 403, "out of date"),
+])
+def test_state_changing_browser_requests_need_the_csrf_token(client, store, headers, status,
+                                                            needle):
+    if "Cookie" in headers:  # the test client sends cookies from its jar only
+        name, value = headers.pop("Cookie").split("=")
+        client.set_cookie(name, value)
+    r = client.post("/api/chat", json={"message": "hi"}, headers=headers)
+    assert r.status_code == status and needle in r.get_json()["error"]
+    tid = store.append_turn(store.create_conversation().id, "q", "a").id
+    r = client.put(f"/api/turns/{tid}/rating", json={"score": 5}, headers=headers)
+    assert r.status_code == status and store.get_turn(tid).rating is None
+    assert client.delete(f"/api/turns/{tid}", headers=headers).status_code == status
+    assert store.counts()["turns"] == 1
+
+
+def test_the_page_token_with_a_same_origin_header_passes(client):
+    r = client.post("/api/chat", json={"message": "hi"},
+                    headers={"X-Reinf-CSRF": csrf_of(client), "Origin": "http://localhost",
+                             "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 200
+
+
+def test_non_browser_clients_must_send_json(client, store):
+    assert client.post("/api/chat", json={"message": "hi"}).status_code == 200
+    r = client.post("/api/chat", data={"message": "hi"})  # an HTML form's encoding
+    assert r.status_code == 415 and "application/json" in r.get_json()["fix"]
+    r = client.post("/api/chat", data='{"message": "hi"}', content_type="text/plain")
+    assert r.status_code == 415 and store.counts()["turns"] == 1
+
+
+def test_reads_need_no_csrf_token(client):
+    assert client.get("/api/history", headers={"Origin": "http://evil.example"}).status_code == 200
+
+
+# --- sizes ---------------------------------------------------------------------------
+
+def test_an_oversize_body_is_413_with_a_message(config, store, fake_chat):
+    c = make_client(config, store, fake_chat, max_request_bytes=2048)
+    r = c.post("/api/chat", json={"message": "x" * 5000})
+    assert r.status_code == 413
+    body = r.get_json()
+    assert "limit is 2048 bytes" in body["error"] and "max_request_bytes" in body["fix"]
+    assert store.counts()["turns"] == 0
+
+
+def test_an_oversize_chunked_body_is_413(config, store, fake_chat):
+    c = make_client(config, store, fake_chat, max_request_bytes=2048)
+
+    body = io.BytesIO(b'{"message": "' + b"x" * 5000 + b'"}')
+    r = c.post("/api/chat", input_stream=body, content_type="application/json",
+               headers={"Transfer-Encoding": "chunked"},
+               environ_overrides={"wsgi.input_terminated": True})
+    assert r.status_code == 413 and "too large" in r.get_json()["error"]
+    assert store.counts()["turns"] == 0
+
+
+# --- headers -------------------------------------------------------------------------
+
+def test_api_responses_carry_the_security_headers(client):
+    for r in (client.get("/api/status"), client.get("/api/nope"),
+              client.post("/api/chat", json={"message": "x"}, headers={"Origin": "http://e.x"})):
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert r.headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+        assert r.headers["Cache-Control"] == "no-store"
+        assert "Access-Control-Allow-Origin" not in r.headers

@@ -1,0 +1,155 @@
+"""Test doubles and fixtures for the web tests.
+
+FakeChatService implements reinf.chat.ChatService's interface (stream / send, ChatStream
+with .conversation_id up front, iteration over text deltas, .stop(), .turn) and stores
+every turn through the real Store, so the web layer runs the same code path as with the
+real engine. Its reply echoes the message word by word ("echo: <message>"), which lets
+tests check streaming, stored text and escaping exactly.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+
+class FakeStream:
+    def __init__(self, service, message: str, conversation_id: int, gen: dict):
+        self.service = service
+        self.message = message
+        self.conversation_id = conversation_id
+        self.gen = gen
+        self.turn = None
+        self._stop = threading.Event()
+        self._iter = self._generate()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _generate(self):
+        service = self.service
+        started = time.perf_counter()
+        ttft = None
+        deltas: list[str] = []
+        interrupted = False
+        pieces = service.reply_pieces(self.message, self.gen)
+        for i, piece in enumerate(pieces):
+            if self._stop.is_set():
+                interrupted = True
+                break
+            if i == 1 and service.gate is not None:
+                # hold generation until the test has seen the first delta (or stopped us)
+                service.first_sent.set()
+                while not service.gate.wait(0.02):
+                    if self._stop.is_set():
+                        break
+                if self._stop.is_set():
+                    interrupted = True
+                    break
+            if service.delay:
+                time.sleep(service.delay)
+            if ttft is None:
+                ttft = (time.perf_counter() - started) * 1000
+            deltas.append(piece)
+            yield piece
+        if service.fail_with is not None:
+            raise service.fail_with
+        reply = "".join(deltas)
+        n = len(deltas)
+        self.turn = service.store.append_turn(
+            self.conversation_id, self.message, reply,
+            prompt_ids=list(range(1, len(self.message.split()) + 3)),
+            reply_ids=list(range(100, 100 + n)), logprobs=[-0.5] * n,
+            checkpoint_id=service.checkpoint_id, model="fake-echo",
+            gen_params={"temperature": 0.8, **self.gen}, ttft_ms=ttft,
+            latency_ms=(time.perf_counter() - started) * 1000, interrupted=interrupted)
+        service.finished.append(self.turn)
+
+
+class FakeChatService:
+    """ChatService's interface over the real Store, with an echo 'model'."""
+
+    def __init__(self, store, *, delay: float = 0.0):
+        self.store = store
+        self.delay = delay
+        self.gate: threading.Event | None = None
+        self.first_sent = threading.Event()
+        self.fail_with: Exception | None = None
+        self.checkpoint_id: str | None = None
+        self.finished: list = []
+        self.calls: list[tuple[str, int | None, dict]] = []
+
+    def reply_pieces(self, message: str, gen: dict) -> list[str]:
+        words = ("echo: " + message).split(" ")
+        pieces = [w + " " for w in words[:-1]] + [words[-1]]
+        limit = gen.get("max_new_tokens")
+        return pieces[:limit] if limit else pieces
+
+    def stream(self, message: str, conversation_id: int | None = None, **gen) -> FakeStream:
+        self.calls.append((message, conversation_id, gen))
+        if conversation_id is None:
+            conversation_id = self.store.create_conversation().id
+        else:
+            self.store.get_conversation(conversation_id)
+        return FakeStream(self, message, conversation_id, gen)
+
+    def send(self, message: str, conversation_id: int | None = None, **gen):
+        stream = self.stream(message, conversation_id, **gen)
+        for _ in stream:
+            pass
+        return stream.turn
+
+
+@pytest.fixture
+def fake_chat(store):
+    return FakeChatService(store)
+
+
+@pytest.fixture
+def app(config, store, fake_chat):
+    from webui import create_app
+
+    return create_app(config, store=store, chat=fake_chat)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def live(app):
+    """The app on a real waitress server on a random loopback port."""
+    from webui.server import BackgroundServer
+
+    with BackgroundServer(app, threads=4) as server:
+        yield server
+
+
+def parse_sse(text: str) -> list[tuple[str, dict | str]]:
+    """[(event, data)] of an SSE body; data is JSON-decoded when it can be."""
+    import json
+
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        if not block.strip():
+            continue
+        event, data = "message", []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+        raw = "\n".join(data)
+        try:
+            events.append((event, json.loads(raw)))
+        except ValueError:
+            events.append((event, raw))
+    return events

@@ -1,0 +1,180 @@
+"""The JSON API of chat and ratings (DESIGN §6): chat, rate, history, conversations,
+forget. Thin: parse, call the store or the chat service, return JSON."""
+from __future__ import annotations
+
+from importlib import metadata
+
+from flask import Blueprint, Response, jsonify, request
+
+from reinf.errors import BadInput, NotFound
+from webui.app import get_runtime
+from webui.params import (generation_args, get_id, get_text, query_bool, query_datetime,
+                          query_int, query_text, read_json)
+from webui.reports import history_rows
+from webui.streaming import SSE_HEADERS, Relay, sse
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+
+CHAT_FIELDS = {"message", "conversation_id", "stream", "temperature", "top_p", "max_new_tokens"}
+RATING_FIELDS = {"score", "tags", "comment", "critical"}
+
+
+def version() -> str:
+    try:
+        return metadata.version("reinf")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def parse_turn_ref(ref: str) -> int:
+    """A turn in a URL: its id, the OpenAI completion id ``chatcmpl-<id>``, or ``last``."""
+    runtime = get_runtime()
+    if ref == "last":
+        last = runtime.store.last_turn()
+        if last is None:
+            raise NotFound("there are no turns yet", fix="chat first")
+        return last.id
+    if ref.startswith("chatcmpl-stream-"):
+        turn_id = runtime.streams.turn_of(ref.removeprefix("chatcmpl-stream-"))
+        if turn_id is None:
+            raise NotFound(f"no finished completion {ref[:60]!r} in this server's memory",
+                           fix="use the id of the final chunk (chatcmpl-<turn id>)")
+        return turn_id
+    digits = ref.removeprefix("chatcmpl-")
+    if not digits.isdigit() or not digits.isascii() or len(digits) > 18 or int(digits) < 1:
+        raise BadInput(f"turn id must be a positive number (or chatcmpl-<number>), got {ref!r}")
+    return int(digits)
+
+
+@bp.get("/ping")
+def ping():
+    runtime = get_runtime()
+    return jsonify({"service": "reinf", "version": version(), "model": runtime.model_name,
+                    "chat": runtime.chat is not None})
+
+
+# --- chat ------------------------------------------------------------------------------
+
+@bp.post("/chat")
+def chat():
+    runtime = get_runtime()
+    body = read_json(CHAT_FIELDS)
+    message = get_text(body, "message", max_chars=runtime.config.server.max_message_chars,
+                       config_key="max_message_chars")
+    conversation_id = get_id(body.get("conversation_id"), "conversation_id")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadInput("'stream' must be true or false", key="stream")
+    gen = generation_args(body, runtime.config)
+    service = runtime.require_chat()
+    if conversation_id is not None:
+        runtime.store.get_conversation(conversation_id)  # 404 before anything starts
+    if not stream:
+        turn = service.send(message, conversation_id=conversation_id, **gen)
+        return jsonify(turn.to_dict())
+    reply = service.stream(message, conversation_id=conversation_id, **gen)
+    stream_id = runtime.streams.add(reply)
+
+    def done(turn) -> str:
+        return sse({"turn_id": turn.id, "conversation_id": turn.conversation_id,
+                    "reply": turn.reply, "checkpoint_id": turn.checkpoint_id or "base",
+                    "interrupted": turn.interrupted, "ttft_ms": turn.ttft_ms,
+                    "latency_ms": turn.latency_ms, "reply_tokens": len(turn.reply_ids)}, "done")
+
+    events = Relay(reply, runtime.streams, stream_id,
+                   start=lambda: sse({"conversation_id": reply.conversation_id,
+                                      "stream_id": stream_id}, "start"),
+                   delta=lambda text: sse({"delta": text}), done=done,
+                   error=lambda err: sse(err, "error"))
+    return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
+
+
+@bp.post("/chat/<stream_id>/stop")
+def stop(stream_id: str):
+    read_json(set(), optional_body=True)
+    if not get_runtime().streams.stop(stream_id):
+        raise NotFound(f"no reply in progress with stream id {stream_id[:40]!r}",
+                       fix="it may have finished already")
+    return jsonify({"stopped": True, "stream_id": stream_id})
+
+
+# --- ratings ---------------------------------------------------------------------------
+
+@bp.put("/turns/<turn_ref>/rating")
+def rate(turn_ref: str):
+    runtime = get_runtime()
+    turn_id = parse_turn_ref(turn_ref)
+    body = read_json(RATING_FIELDS, required=("score",))
+    rating = runtime.store.rate(turn_id, body["score"], tags=body.get("tags"),
+                                comment=body.get("comment") or "",
+                                critical=body.get("critical", False))
+    runtime.control.notify_rating()
+    return jsonify(rating.to_dict())
+
+
+@bp.delete("/turns/<turn_ref>/rating")
+def undo(turn_ref: str):
+    runtime = get_runtime()
+    turn_id = parse_turn_ref(turn_ref)
+    runtime.store.get_turn(turn_id)  # 404 for an unknown turn
+    removed = runtime.store.undo_rating(turn_id)
+    return jsonify({"removed": removed.to_dict() if removed else None})
+
+
+# --- turns and conversations -----------------------------------------------------------
+
+@bp.get("/turns/<turn_ref>")
+def turn(turn_ref: str):
+    runtime = get_runtime()
+    record = runtime.store.get_turn(parse_turn_ref(turn_ref))
+    return jsonify(history_rows(runtime.config, [record])["turns"][0])
+
+
+@bp.delete("/turns/<turn_ref>")
+def forget_turn(turn_ref: str):
+    runtime = get_runtime()
+    return jsonify({"forgotten": runtime.store.forget_turn(parse_turn_ref(turn_ref))})
+
+
+@bp.get("/history")
+def history():
+    runtime = get_runtime()
+    min_score = query_int("min_score", low=1, high=5)
+    max_score = query_int("max_score", low=1, high=5)
+    if min_score is not None and max_score is not None and min_score > max_score:
+        raise BadInput(f"min_score ({min_score}) is above max_score ({max_score})")
+    conversation = request.args.get("conversation_id")
+    turns = runtime.store.history(
+        limit=query_int("limit", low=1, high=10_000, default=50),
+        conversation_id=get_id(conversation, "conversation_id") if conversation else None,
+        rated=query_bool("rated"), min_score=min_score, max_score=max_score,
+        tag=query_text("tag"), since=query_datetime("since"),
+        until=query_datetime("until", end_of_day=True))
+    out = history_rows(runtime.config, turns)
+    out["count"] = len(out["turns"])
+    return jsonify(out)
+
+
+@bp.get("/conversations")
+def conversations():
+    runtime = get_runtime()
+    rows = runtime.store.list_conversations(
+        limit=query_int("limit", low=1, high=1000, default=50),
+        offset=query_int("offset", low=0, high=10**9, default=0))
+    return jsonify({"conversations": [c.to_dict() for c in rows]})
+
+
+@bp.get("/conversations/<conversation_ref>")
+def conversation(conversation_ref: str):
+    runtime = get_runtime()
+    conversation_id = get_id(conversation_ref, "conversation_id")
+    record = runtime.store.get_conversation(conversation_id)
+    turns = runtime.store.conversation_turns(conversation_id)
+    return jsonify({"conversation": record.to_dict(), "turns": [t.to_dict() for t in turns]})
+
+
+@bp.delete("/conversations/<conversation_ref>")
+def forget_conversation(conversation_ref: str):
+    runtime = get_runtime()
+    conversation_id = get_id(conversation_ref, "conversation_id")
+    return jsonify({"forgotten": runtime.store.forget_conversation(conversation_id)})

@@ -1,0 +1,231 @@
+"""The OpenAI-compatible API: POST /v1/chat/completions and GET /v1/models.
+
+Any OpenAI client can chat with the learning model, and every completion is a stored
+turn that can be rated: the completion id is ``chatcmpl-<turn_id>``, which
+``PUT /api/turns/<id>/rating`` accepts as is.
+
+How ``messages`` maps to Reinf's conversations: the last message must be the user's,
+and it is the new message. The earlier user/assistant pairs are the history. If they
+equal a stored conversation's turns (a client re-sending its history, as OpenAI clients
+do), that conversation is continued; otherwise a new conversation is created holding
+those pairs as imported turns (model ``client-history``; never trained on, since they
+have no tokens), so the model sees the same history. A ``conversation_id`` field, or the
+``X-Reinf-Conversation`` header, continues that conversation directly. ``user`` becomes
+the conversation's user id. System messages are ignored (the engine has no system
+prompt). Fields OpenAI defines but Reinf does not use (stop, seed, penalties, ...) are
+ignored; ``n`` other than 1, tools and non-text content are refused with 400.
+
+Streaming: the turn id is known only once the reply is stored, so the final chunk (the
+one with ``finish_reason``) has id ``chatcmpl-<turn_id>`` plus ``turn_id`` and
+``conversation_id`` fields. Earlier chunks carry ``chatcmpl-stream-<hex>``, which the
+rating route also resolves while the server runs.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from reinf.errors import BadInput, NotFound, ReinfError
+from webui.app import get_runtime
+from webui.params import get_id, get_number, read_json
+from webui.streaming import SSE_HEADERS, Relay
+
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+
+IGNORED_ROLES = {"system", "developer"}
+CREATED = int(time.time())
+MATCH_WINDOW = 200  # recent turns searched for a conversation to continue
+
+
+def chunk_data(payload: dict) -> str:
+    return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
+
+
+def model_entry(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": CREATED, "owned_by": "reinf"}
+
+
+@bp.get("/models")
+def models():
+    return jsonify({"object": "list", "data": [model_entry(get_runtime().model_name)]})
+
+
+@bp.get("/models/<path:model_id>")
+def model(model_id: str):
+    name = get_runtime().model_name
+    if model_id != name:
+        raise NotFound(f"no model {model_id!r}; this server serves {name!r}")
+    return jsonify(model_entry(name))
+
+
+# --- messages -> (history pairs, new message) ------------------------------------------
+
+def message_text(message: Any, i: int) -> str:
+    if not isinstance(message, dict):
+        raise BadInput(f"messages[{i}] must be an object with role and content",
+                       key="messages")
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise BadInput(f"messages[{i}]: only text content parts are supported",
+                               key="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadInput(f"messages[{i}].content must be a string or a list of text parts",
+                   key="messages")
+
+
+def split_messages(messages: Any) -> tuple[list[tuple[str, str]], str]:
+    """OpenAI messages -> ([(user, assistant), ...] oldest first, the new user message)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadInput("'messages' must be a non-empty list", key="messages",
+                       fix='e.g. [{"role": "user", "content": "hello"}]')
+    pairs: list[tuple[str, str]] = []
+    pending: str | None = None
+    last_role = None
+    for i, message in enumerate(messages):
+        text = message_text(message, i)
+        role = message.get("role")
+        if role in IGNORED_ROLES:
+            continue
+        if role == "user":
+            pending = text if pending is None else pending + "\n\n" + text
+        elif role == "assistant":
+            pairs.append((pending or "", text))
+            pending = None
+        else:
+            raise BadInput(f"messages[{i}].role {role!r} is not supported; use user, "
+                           "assistant or system", key="messages")
+        last_role = role
+    if last_role != "user" or pending is None or not pending.strip():
+        raise BadInput("the last message must be a non-empty user message", key="messages")
+    return pairs, pending
+
+
+def resolve_conversation(store, pairs: list[tuple[str, str]], user: str | None,
+                         explicit: int | None) -> int:
+    """The conversation a completion belongs to (see the module docstring)."""
+    if explicit is not None:
+        store.get_conversation(explicit)
+        return explicit
+    if pairs:
+        last_user, last_reply = pairs[-1]
+        seen: set[int] = set()
+        for turn in store.history(limit=MATCH_WINDOW):
+            cid = turn.conversation_id
+            if cid in seen or turn.user_message != last_user or turn.reply != last_reply:
+                continue
+            seen.add(cid)
+            turns = store.conversation_turns(cid)
+            if [(t.user_message, t.reply) for t in turns] == pairs and \
+                    (user is None or turns[0].user_id == user):
+                return cid
+    conversation = store.create_conversation(user_id=user or "local")
+    for user_text, reply in pairs:
+        store.append_turn(conversation.id, user_text, reply, model="client-history",
+                          gen_params={"imported": True})
+    return conversation.id
+
+
+def generation_from(body: dict, config) -> dict[str, Any]:
+    temperature = get_number(body.get("temperature"), "temperature", low=0.0, high=5.0)
+    gen = {"temperature": max(temperature, 0.01) if temperature is not None else None,
+           "top_p": get_number(body.get("top_p"), "top_p", low=0.01, high=1.0)}
+    for name in ("max_completion_tokens", "max_tokens"):
+        if body.get(name) is not None:
+            gen["max_new_tokens"] = get_number(body[name], name, low=1, high=32_768,
+                                               integer=True)
+            break
+    return {k: v for k, v in gen.items() if v is not None}
+
+
+def finish_reason(turn, gen: dict, config) -> str:
+    limit = gen.get("max_new_tokens") or config.generation.max_new_tokens
+    return "length" if not turn.interrupted and len(turn.reply_ids) >= limit else "stop"
+
+
+def usage(turn) -> dict[str, int]:
+    prompt, completion = len(turn.prompt_ids), len(turn.reply_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+# --- the route -------------------------------------------------------------------------
+
+@bp.post("/chat/completions")
+def completions():
+    runtime = get_runtime()
+    config = runtime.config
+    body = read_json()
+    pairs, message = split_messages(body.get("messages"))
+    limit = config.server.max_message_chars
+    if len(message) > limit:
+        raise ReinfError(f"the last message is {len(message)} characters; the limit is {limit}",
+                         status=413, key="max_message_chars",
+                         fix="send a shorter message, or raise max_message_chars")
+    if body.get("n") not in (None, 1):
+        raise BadInput("only n=1 is supported", key="n")
+    if body.get("tools") or body.get("functions"):
+        raise BadInput("tools and functions are not supported by this server", key="tools")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadInput("'stream' must be true or false", key="stream")
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > 100):
+        raise BadInput("'user' must be a string of at most 100 characters", key="user")
+    explicit = get_id(body.get("conversation_id") or
+                      request.headers.get("X-Reinf-Conversation"), "conversation_id")
+    gen = generation_from(body, config)
+    service = runtime.require_chat()
+    conversation_id = resolve_conversation(runtime.store, pairs, user or None, explicit)
+    created, name = int(time.time()), runtime.model_name
+    if not stream:
+        turn = service.send(message, conversation_id=conversation_id, **gen)
+        return jsonify({
+            "id": f"chatcmpl-{turn.id}", "object": "chat.completion", "created": created,
+            "model": name, "system_fingerprint": turn.checkpoint_id or "base",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.reply},
+                         "logprobs": None, "finish_reason": finish_reason(turn, gen, config)}],
+            "usage": usage(turn), "turn_id": turn.id, "conversation_id": turn.conversation_id})
+    include_usage = isinstance(body.get("stream_options"), dict) and \
+        bool(body["stream_options"].get("include_usage"))
+    reply = service.stream(message, conversation_id=conversation_id, **gen)
+    stream_id = runtime.streams.add(reply)
+    provisional = f"chatcmpl-stream-{stream_id}"
+
+    def chunk(delta: dict, reason: str | None = None, cid: str = provisional, **extra) -> str:
+        return chunk_data({"id": cid, "object": "chat.completion.chunk", "created": created,
+                           "model": name, "choices": [{"index": 0, "delta": delta,
+                                                       "logprobs": None,
+                                                       "finish_reason": reason}], **extra})
+
+    def done(turn) -> list[str]:
+        runtime.streams.remember(stream_id, turn.id)
+        final = f"chatcmpl-{turn.id}"
+        out = [chunk({}, finish_reason(turn, gen, config), final, turn_id=turn.id,
+                     conversation_id=turn.conversation_id)]
+        if include_usage:
+            out.append(chunk_data({"id": final, "object": "chat.completion.chunk",
+                                   "created": created, "model": name, "choices": [],
+                                   "usage": usage(turn)}))
+        return out + ["data: [DONE]\n\n"]
+
+    def error(err: dict) -> str:
+        return chunk_data({"error": {"message": err.get("error", "generation failed"),
+                                     "type": "server_error", "code": err.get("status")}}) \
+            + "data: [DONE]\n\n"
+
+    events = Relay(reply, runtime.streams, stream_id,
+                   start=lambda: chunk({"role": "assistant", "content": ""}),
+                   delta=lambda text: chunk({"content": text}), done=done, error=error)
+    return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,126 @@
+/* Shared helpers for Reinf's pages. No build step, no framework.
+ *
+ * Safety rule: text from the user or the model is only ever put into the page with
+ * textContent (via el() and text()), never parsed as HTML markup.
+ */
+"use strict";
+
+const Reinf = (() => {
+  const csrfMeta = document.querySelector('meta[name="csrf-token"]');
+  const csrf = csrfMeta ? csrfMeta.content : "";
+
+  /** Create an element: el("td", {class: "x", title: t}, "text", child, ...). */
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "class") node.className = value;
+      else if (name === "dataset") Object.assign(node.dataset, value);
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  /** Replace a node's content with plain text. */
+  function text(node, value) {
+    node.textContent = value === null || value === undefined ? "" : String(value);
+    return node;
+  }
+
+  class ApiError extends Error {
+    constructor(status, body) {
+      const message = (body && (body.error && body.error.message || body.error)) ||
+        `request failed (${status})`;
+      super(typeof message === "string" ? message : JSON.stringify(message));
+      this.status = status;
+      this.fix = body && body.fix;
+    }
+  }
+
+  /** Call the JSON API; resolves to the parsed body, rejects with an ApiError. */
+  async function api(method, path, body, options) {
+    const init = Object.assign({
+      method,
+      headers: {"X-Reinf-CSRF": csrf, "Accept": "application/json"},
+      credentials: "same-origin",
+    }, options || {});
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch(path, init);
+    if (options && options.raw) {
+      if (!response.ok) throw new ApiError(response.status, await readJson(response));
+      return response;
+    }
+    const data = await readJson(response);
+    if (!response.ok) throw new ApiError(response.status, data);
+    return data;
+  }
+
+  async function readJson(response) {
+    try { return await response.json(); } catch (e) { return null; }
+  }
+
+  function describeError(err) {
+    if (err instanceof ApiError) return err.fix ? `${err.message} — ${err.fix}` : err.message;
+    return `network error: ${err && err.message ? err.message : err}`;
+  }
+
+  let toastTimer = null;
+  function toast(message, kind) {
+    const box = document.getElementById("toast");
+    if (!box) return;
+    text(box, message);
+    box.className = "toast " + (kind || "info");
+    box.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(() => { box.hidden = true; }, kind === "error" ? 8000 : 3500);
+  }
+
+  function formatTime(iso) {
+    if (!iso) return "";
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return iso;
+    return d.toLocaleString(undefined, {year: "numeric", month: "short", day: "numeric",
+                                        hour: "2-digit", minute: "2-digit"});
+  }
+
+  function formatNumber(value, digits) {
+    if (value === null || value === undefined || Number.isNaN(Number(value))) return "–";
+    return Number(value).toFixed(digits === undefined ? 3 : digits);
+  }
+
+  function pageData() {
+    const node = document.getElementById("page-data");
+    if (!node) return {};
+    try { return JSON.parse(node.textContent); } catch (e) { return {}; }
+  }
+
+  /** Keep the header pill in step with the model and active checkpoint. */
+  async function refreshPill() {
+    const pill = document.getElementById("status-pill");
+    if (!pill) return;
+    try {
+      const s = await api("GET", "/api/status");
+      text(pill, `${s.model.model_path} · ${s.active_checkpoint}`);
+      pill.classList.toggle("warn", (s.warnings || []).length > 0);
+      pill.title = (s.warnings || []).join("\n") || "model and active checkpoint";
+    } catch (e) { /* the page still works without it */ }
+  }
+
+  function isTyping(target) {
+    return target && (target.isContentEditable ||
+      ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName));
+  }
+
+  return {el, text, api, ApiError, describeError, toast, formatTime, formatNumber, pageData,
+          refreshPill, isTyping, csrf};
+})();
+
+document.addEventListener("DOMContentLoaded", () => Reinf.refreshPill());

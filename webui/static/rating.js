@@ -1,0 +1,172 @@
+/* The rating panel under each reply: score 1-5, suggested and free tags, a comment, the
+ * "critical" flag, and the saved state with change and undo.
+ *
+ * Choosing a score saves the rating (PUT /api/turns/<id>/rating). Once saved, changing
+ * anything saves again; Undo deletes it (DELETE). */
+"use strict";
+
+class RatingPanel {
+  constructor(turnId, rating, suggestedTags) {
+    this.turnId = turnId;
+    this.suggested = suggestedTags || [];
+    this.saved = null;            // the stored rating, or null
+    this.score = null;
+    this.tags = [];
+    this.comment = "";
+    this.critical = false;
+    this.busy = false;
+    this.saving = false;          // a PUT is in flight
+    this.again = false;           // something changed meanwhile: save once more
+    this.node = this.build();
+    if (rating) this.adopt(rating);
+    this.render();
+  }
+
+  build() {
+    const {el} = Reinf;
+    const id = `r${this.turnId}`;
+    this.scoreButtons = [1, 2, 3, 4, 5].map((n) => el("button", {
+      type: "button", class: "score", "aria-pressed": "false", dataset: {score: String(n)},
+      title: ["", "bad", "poor", "okay", "good", "great"][n], "aria-label": `Rate ${n} of 5`,
+      onclick: () => this.setScore(n)}, String(n)));
+    this.tagBox = el("div", {class: "tags", role: "group", "aria-label": "Tags"});
+    this.freeTag = el("input", {type: "text", id: `${id}-tag`, maxlength: "64",
+                                placeholder: "add a tag", class: "free-tag-input"});
+    this.freeTag.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") { event.preventDefault(); this.addFreeTag(); }
+    });
+    this.commentBox = el("textarea", {id: `${id}-comment`, rows: "2", maxlength: "4000",
+                                      placeholder: "what was good or bad?"});
+    this.commentBox.addEventListener("change", () => {
+      this.comment = this.commentBox.value;
+      if (this.saved) this.save();
+    });
+    this.criticalBox = el("input", {type: "checkbox", id: `${id}-critical`});
+    this.criticalBox.addEventListener("change", () => {
+      this.critical = this.criticalBox.checked;
+      if (this.saved) this.save();
+    });
+    this.stateText = el("span", {class: "rating-state-text"});
+    this.undoButton = el("button", {type: "button", class: "link undo", hidden: true,
+                                    onclick: () => this.undo()}, "Undo");
+    return el("section", {class: "rating", "aria-label": "Rate this reply",
+                          dataset: {turnId: String(this.turnId)}},
+      el("div", {class: "rating-row"},
+        el("span", {class: "rating-label", id: `${id}-label`}, "Rate"),
+        el("div", {class: "scores", role: "group", "aria-labelledby": `${id}-label`},
+           this.scoreButtons),
+        el("p", {class: "rating-state", role: "status", "aria-live": "polite"},
+           this.stateText, " ", this.undoButton)),
+      this.tagBox,
+      el("details", {class: "rating-more"},
+        el("summary", {}, "Tag, comment, critical"),
+        el("div", {class: "free-tag"},
+          el("label", {for: `${id}-tag`}, "Tag"), this.freeTag,
+          el("button", {type: "button", onclick: () => this.addFreeTag()}, "Add")),
+        el("label", {for: `${id}-comment`, class: "block-label"}, "Comment"), this.commentBox,
+        el("label", {class: "check"}, this.criticalBox,
+           " Critical — weigh this rating more")));
+  }
+
+  adopt(rating) {
+    this.saved = rating;
+    this.score = rating.score;
+    this.tags = [...rating.tags];
+    this.comment = rating.comment || "";
+    this.critical = !!rating.critical;
+    if (document.activeElement !== this.commentBox) this.commentBox.value = this.comment;
+    this.criticalBox.checked = this.critical;
+  }
+
+  render(message) {
+    const {el, text} = Reinf;
+    for (const button of this.scoreButtons) {
+      button.setAttribute("aria-pressed", String(Number(button.dataset.score) === this.score));
+      button.disabled = this.busy;
+    }
+    this.tagBox.replaceChildren();
+    const all = [...this.suggested, ...this.tags.filter((t) => !this.suggested.includes(t))];
+    for (const tag of all) {
+      const on = this.tags.includes(tag);
+      this.tagBox.append(el("button", {type: "button", class: "tag", "aria-pressed": String(on),
+                                       onclick: () => this.toggleTag(tag)}, tag));
+    }
+    let state;
+    if (message) state = message;
+    else if (this.saved) {
+      const r = this.saved;
+      state = `Saved: ${r.score}/5` + (r.tags.length ? ` · ${r.tags.join(", ")}` : "") +
+        (r.critical ? " · critical" : "") + (r.comment ? " · commented" : "");
+    } else state = this.tags.length || this.comment ? "Pick a score to save" : "Not rated";
+    text(this.stateText, state);
+    this.node.classList.toggle("is-saved", !!this.saved);
+    this.undoButton.hidden = !this.saved;
+  }
+
+  setScore(n) {
+    this.score = n;
+    this.save();
+  }
+
+  toggleTag(tag) {
+    this.tags = this.tags.includes(tag) ? this.tags.filter((t) => t !== tag) : [...this.tags, tag];
+    if (this.saved) this.save(); else this.render();
+  }
+
+  addFreeTag() {
+    const tag = this.freeTag.value.trim();
+    if (!tag) return;
+    if (!this.tags.includes(tag)) this.tags.push(tag);
+    this.freeTag.value = "";
+    if (this.saved) this.save(); else this.render();
+  }
+
+  /** Store the panel's state. Saves never overlap: a change made while one is in flight
+   * is sent right after it, so the last change always wins on the server too. */
+  async save() {
+    if (this.score === null) { this.render(); return; }
+    if (this.saving) { this.again = true; return; }
+    this.saving = true;
+    try {
+      do {
+        this.again = false;
+        await this.put();
+      } while (this.again);
+    } finally {
+      this.saving = false;
+    }
+  }
+
+  async put() {
+    this.comment = this.commentBox.value;
+    this.busy = true;
+    this.render("Saving…");
+    try {
+      const rating = await Reinf.api("PUT", `/api/turns/${this.turnId}/rating`, {
+        score: this.score, tags: this.tags, comment: this.comment, critical: this.critical});
+      this.busy = false;
+      if (this.again) this.saved = rating;  // newer edits go out next; keep them on screen
+      else this.adopt(rating);
+      this.render();
+    } catch (err) {
+      this.busy = false;
+      if (this.saved) this.adopt(this.saved);
+      this.render(`Not saved: ${Reinf.describeError(err)}`);
+    }
+  }
+
+  async undo() {
+    this.busy = true;
+    this.render("Removing…");
+    try {
+      await Reinf.api("DELETE", `/api/turns/${this.turnId}/rating`);
+      this.busy = false;
+      this.saved = null;
+      this.score = null;
+      this.render("Rating removed");
+    } catch (err) {
+      this.busy = false;
+      this.render(`Not removed: ${Reinf.describeError(err)}`);
+    }
+  }
+}

@@ -1,0 +1,87 @@
+"""The JSON API of training (DESIGN §6): status, train now, runs, checkpoints, rollback,
+and the figures the training page charts."""
+from __future__ import annotations
+
+import math
+
+from flask import Blueprint, jsonify
+
+from reinf.errors import BadInput
+from reinf.status import collect_status
+from webui.app import get_runtime
+from webui.params import query_int, read_json
+from webui.reports import checkpoint_scores
+
+bp = Blueprint("training", __name__, url_prefix="/api")
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+@bp.get("/status")
+def status():
+    runtime = get_runtime()
+    schedule = runtime.control.schedule_info()
+    daemon = schedule if runtime.daemon is not None else None
+    out = collect_status(runtime.config, runtime.store, engine=runtime.engine, daemon=daemon)
+    out["next_run"] = schedule.get("next_run")
+    out["schedule"] = schedule
+    out["training"] = runtime.control.training_state()
+    if runtime.daemon is not None:
+        out["training"]["running"] = bool(schedule.get("training", out["training"]["running"]))
+    return jsonify(out)
+
+
+@bp.post("/train")
+def train():
+    """Start a round now: 202 when it started, 409 with the reason when it did not (one
+    is running, or nothing new to train on)."""
+    body = read_json({"force"}, optional_body=True)
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise BadInput("'force' must be true or false", key="force")
+    result = get_runtime().control.train_now(force=force)
+    if result.get("started") is False:
+        reason = result.get("reason") or "training did not start"
+        return jsonify({"error": reason, "status": 409, **result}), 409
+    return jsonify(result), 202
+
+
+@bp.get("/runs")
+def runs():
+    limit = query_int("limit", low=1, high=1000, default=50)
+    return jsonify({"runs": [r.to_dict() for r in get_runtime().store.list_runs(limit=limit)]})
+
+
+@bp.get("/checkpoints")
+def checkpoints():
+    store = get_runtime().store
+    active = store.active_checkpoint()
+    return jsonify({"checkpoints": [c.to_dict() for c in store.list_checkpoints()],
+                    "active_checkpoint": active.id if active else "base"})
+
+
+@bp.post("/rollback")
+def rollback():
+    body = read_json({"checkpoint_id"}, optional_body=True)
+    target = body.get("checkpoint_id")
+    if target is not None and (not isinstance(target, str) or not target.strip()
+                               or len(target) > 64):
+        raise BadInput("'checkpoint_id' must be a checkpoint id or \"base\"", key="checkpoint_id",
+                       fix="list them with GET /api/checkpoints")
+    return jsonify(get_runtime().control.rollback(target))
+
+
+@bp.get("/stats")
+def stats():
+    """The training page's charts: reward_mean per finished run, mean rating per
+    checkpoint."""
+    store = get_runtime().store
+    curve = [{"run_id": r.id, "finished_at": r.finished_at.isoformat(timespec="seconds"),
+              "status": r.status, "reward_mean": r.metrics.get("reward_mean"),
+              "checkpoint_id": r.checkpoint_id}
+             for r in reversed(store.list_runs(limit=500))
+             if r.finished_at is not None and is_number(r.metrics.get("reward_mean"))]
+    return jsonify({"reward_curve": curve, "rating_by_checkpoint": checkpoint_scores(store)})
