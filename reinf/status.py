@@ -40,6 +40,7 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "daemon": daemon or {"running": False},
         "reward_hook": _reward_hook_status(config),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
+        "trainer_log_file": str(config.data_dir / "logs" / "trainer.log"),
         "warnings": warnings,
     }
     warnings.extend((schedule or {}).get("warnings") or [])

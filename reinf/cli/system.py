@@ -90,7 +90,7 @@ def _print_status(d):
                                    if d["daemon"].get("running") else "not running"),
         f"reward hook:        {d['reward_hook']['mapper']}"
         + (" (ok)" if d["reward_hook"].get("ok") else " (BROKEN)"),
-        f"log:                {d['log_file']}",
+        f"log:                {d['log_file']} (trainer: {d['trainer_log_file']})",
     ]
     click.echo("\n".join(lines))
     for w in d["warnings"]:
