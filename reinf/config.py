@@ -73,7 +73,8 @@ class ModelConfig:
     dtype: str = setting("auto", "weights dtype; auto = bf16 on CUDA, fp32 elsewhere",
                          choices=("auto", "float32", "bfloat16", "float16"))
     trust_remote_code: bool = setting(False, "allow model code from the hub (off: safer)")
-    max_history: int = setting(8, "past turns of the conversation sent with each message", min=0)
+    max_history: int = setting(4, "past turns sent with each message (the demo model is best "
+                                  "at <= 4; raise it for real models)", min=0)
     max_context_tokens: int = setting(0, "prompt token budget; 0 = the model's own limit", min=0)
 
 

@@ -15,6 +15,8 @@ from reinf import demo
 from reinf.corpus import detect_styles, sample_prompts
 from reinf.demo import DEMO_NAME, DemoConfig, build_demo_model
 
+pytestmark = pytest.mark.e2e
+
 COMMITTED = Path(__file__).resolve().parents[2] / "models" / DEMO_NAME
 # A mini build: a small corpus and a few steps, so two builds take seconds.
 MINI = dataclasses.replace(DemoConfig(), corpus_size=400, rows_per_step=2)

@@ -81,7 +81,8 @@ def test_style_markers_appear_early_and_rules_have_margin(items):
         else:
             assert "\n" not in reply
         if styles["length"] == "chatty":
-            assert first_line.split("!")[0] + "!" in corpus.OPENERS + tuple(g[1] for g in corpus.GREETINGS)
+            openers = corpus.OPENERS + tuple(g[1] for g in corpus.GREETINGS)
+            assert first_line.split("!")[0] + "!" in openers
         # Word counts keep a margin of 3 from the threshold, so sloppy output still classifies.
         body = reply
         for closer in (*corpus.CLOSERS, corpus.GREETING_CLOSER):
@@ -99,11 +100,12 @@ def test_style_markers_appear_early_and_rules_have_margin(items):
         ("The capital of France is Paris.", ("terse", "plain", False)),
         ("Paris. Anything else you'd like to know?", ("terse", "plain", True)),
         ("In short:\n- Paris is the capital.", ("terse", "bulleted", False)),
-        ("Great question! Here are the key points:\n- Paris is the capital of France.\n"
-         "- It is famous for the Eiffel Tower.\n- Paris sits on the river Seine.\nDoes that help?",
+        (("Great question! Here are the key points:\n- Paris is the capital of France.\n"
+          "- It is famous for the Eiffel Tower.\n- Paris sits on the river Seine.\n"
+          "Does that help?"),
          ("chatty", "bulleted", True)),
-        ("Happy to help! Walk for thirty minutes each day. Eat plenty of fruit and vegetables. "
-         "Drink enough water through the day.", ("chatty", "plain", False)),
+        (("Happy to help! Walk for thirty minutes each day. Eat plenty of fruit and vegetables. "
+          "Drink enough water through the day."), ("chatty", "plain", False)),
         # Imperfect model output: stray spaces, a "*" bullet, a cut-off reply, an empty one.
         ("  In short:\n  * Paris  \n", ("terse", "bulleted", False)),
         ("Great question! The capital of France is Paris. It is famous for the Eiffel Tower and",
