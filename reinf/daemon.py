@@ -14,7 +14,8 @@
   in the engine; a rollback made while a round trains wins over that round's result;
 - **shutdown** stops the schedule and the child (recorded "stopped at shutdown");
 - **reconcile**, every few seconds: what other processes changed in the store (a
-  foreground ``reinf train``, a rollback that could not reach us) reaches the engine.
+  foreground ``reinf train``, a rollback that could not reach us) reaches the engine, and
+  ratings they stored (``reinf rate``) reach the ratings trigger.
 
 Other processes talk to a running daemon through the lock file and its HTTP API
 (reinf.remote, re-exported here): ``probe_daemon`` (``reinf status``),
@@ -88,6 +89,8 @@ class Daemon:
             self._load_active()
             self.scheduler.start()
             self.scheduler.add_every("reconcile", self.reconcile_seconds, self._reconcile)
+            self.scheduler.add_every("ratings-poll", self.reconcile_seconds,
+                                     self.scheduler.poll_ratings)
         except BaseException:
             self.shutdown(timeout=5)  # releases a lock taken here
             raise
@@ -224,7 +227,8 @@ class Daemon:
         runs (as in probe_daemon); ``training`` whether a round runs now."""
         info = self.scheduler.info()
         lock = self.lock.info if self.lock is not None else {}
-        info.update(running=self._state == "running", pid=os.getpid(), url=lock.get("url"),
+        info.update(running=self._state == "running", pid=os.getpid(),
+                    trainer_pid=getattr(self.runner, "pid", None), url=lock.get("url"),
                     started_at=lock.get("started_at"), warnings=list(self.warnings),
                     log_file=str(log_path(self.config)),
                     active_checkpoint=(self.engine.active_checkpoint_id or "base")

@@ -108,7 +108,7 @@ def fetch_schedule(config) -> dict[str, Any] | None:
 
 
 def request_train(config, *, force: bool = False, wait: bool = False,
-                  timeout: float | None = None, poll_seconds: float = 1.0) -> dict[str, Any] | None:
+                  timeout: float | None = None, poll_seconds: float = 0.5) -> dict[str, Any] | None:
     """Ask a running server to train now; None when none runs.
 
     The answer is the server's: {"started": True, "trigger", ...} (202), or
@@ -118,10 +118,9 @@ def request_train(config, *, force: bool = False, wait: bool = False,
     daemon's last_result: status, message, run_id, checkpoint_id, metrics) is added as
     "result". ``timeout`` defaults to train_timeout_minutes plus a minute.
     """
-    def last_result() -> dict | None:
+    def last_result() -> dict:
         status = call_daemon(config, "/api/status", method="GET") or {}
-        schedule = status.get("schedule") or {}
-        return None if schedule.get("training") else (schedule.get("last_result") or {})
+        return (status.get("schedule") or {}).get("last_result") or {}
 
     before = last_result() if wait else None
     answer = call_daemon(config, "/api/train", {"force": True} if force else {},
@@ -132,8 +131,10 @@ def request_train(config, *, force: bool = False, wait: bool = False,
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         time.sleep(poll_seconds)
+        # last_result changes when a round ends. Not gated on "training": a ratings round
+        # may start right after ours, and its result is told apart by its trigger.
         result = last_result()
-        if result is not None and result != before:
+        if result and result != before and result.get("trigger") == answer.get("trigger"):
             return {**answer, "result": result}
     raise ReinfError(f"the server's training round did not finish within {limit:.0f} s",
                      fix="it may still be running: `reinf status` shows it", status=504)

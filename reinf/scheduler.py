@@ -15,7 +15,9 @@ misfire grace is as long as a round may take, so a tick delayed by a running rou
 runs once afterwards instead of being dropped.
 
 The ratings trigger counts ratings as the API reports them and re-checks
-``store.ratings_waiting()`` (the store's exact count) before it fires. After a *failed*
+``store.ratings_waiting()`` (the store's exact count) before it fires. Ratings that other
+processes store (``reinf rate``, a standalone ``reinf chat``) are noticed by
+:meth:`Scheduler.poll_ratings`, which the daemon runs every few seconds. After a *failed*
 round it waits for ``train_after_ratings`` further ratings, so a broken reward hook does
 not restart a doomed round on every click.
 """
@@ -110,6 +112,8 @@ class Scheduler:
         self._pending: str | None = None
         self._current: dict[str, Any] | None = None
         self._since_failure = math.inf   # ratings notified since the last failed round
+        self._waiting_seen = 0           # store.ratings_waiting() at the last poll
+        self._notified = 0               # API notifications since the last poll
         self._stopping = False
         self.last_result: dict[str, Any] | None = None
 
@@ -119,6 +123,7 @@ class Scheduler:
         runs = self.store.list_runs(limit=1)
         if runs and runs[0].status == "failed":
             self._since_failure = 0
+        self._waiting_seen = self.store.ratings_waiting()
         self._aps.start()
         minutes = self.config.schedule.train_interval_minutes
         if self.enabled and minutes > 0:
@@ -175,6 +180,23 @@ class Scheduler:
         """A rating was stored: count it and start a round once enough are waiting."""
         with self._state:
             self._since_failure += 1
+            self._notified += 1
+        self._check_ratings()
+
+    def poll_ratings(self) -> None:
+        """Let ratings stored by other processes count too. The rise of the store's
+        waiting count since the last poll, less what the API notified meanwhile, counts as
+        new ratings (a re-rating of a turn already waiting does not raise it; after a
+        successful round the count drops and only the threshold check matters)."""
+        if not self.enabled or self.config.schedule.train_after_ratings <= 0:
+            return
+        waiting = self.store.ratings_waiting()
+        with self._state:
+            external = max(0, waiting - self._waiting_seen - self._notified)
+            self._waiting_seen, self._notified = waiting, 0
+            self._since_failure += external
+        if external:
+            log.info("%s rating(s) stored by another process", external)
         self._check_ratings()
 
     def _check_ratings(self) -> None:

@@ -58,11 +58,13 @@ class Outcome:
     seconds: float = 0.0
     pid: int | None = None
     held_by: int | str | None = None  # skipped: the pid holding the train lock
+    error: str | None = None           # the trainer's kind: nothing_to_train | hook | model | error
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "message": self.message, "run_id": self.run_id,
                 "checkpoint_id": self.checkpoint_id, "metrics": self.metrics,
-                "exit_code": self.exit_code, "seconds": round(self.seconds, 2)}
+                "exit_code": self.exit_code, "seconds": round(self.seconds, 2),
+                "error": self.error or ("error" if self.status == "failed" else None)}
 
 
 def build_command(trigger: str, force: bool = False, *,
@@ -79,7 +81,7 @@ def build_child_env(config, base: dict[str, str] | None = None) -> dict[str, str
     env.update(REINF_HOME=str(config.data_dir), PYTHONUNBUFFERED="1")
     if config.schedule.train_nice:
         # The niceness is already set for the whole child before exec (all threads); the
-        # child's own os.nice() would add it a second time.
+        # child need not touch it again.
         env["REINF_TRAIN_NICE"] = "0"
     threads = config.schedule.train_threads
     if threads > 0:
@@ -296,7 +298,8 @@ def interpret(returncode: int, out_lines: list[str], err_tail: list[str],
             status = "failed"
         return Outcome(status, str(payload.get("message") or status),
                        run_id=payload.get("run_id"), checkpoint_id=payload.get("checkpoint_id"),
-                       metrics=dict(payload.get("metrics") or {}), exit_code=returncode)
+                       metrics=dict(payload.get("metrics") or {}), exit_code=returncode,
+                       error=payload.get("error") or ("error" if status == "failed" else None))
     last = next((line for line in reversed(err_tail) if line.strip()), "")
     reason = f"the trainer exited with code {returncode} and no result"
     return Outcome("failed", f"{reason}: {last.strip()[:300]}" if last else reason,

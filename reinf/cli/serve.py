@@ -2,11 +2,17 @@
 
 Start-up order, so that a mistake is reported before the slow model load:
 config (flags through ``app.override``, so a non-loopback host without auth_token stops
-here) -> log file -> the data directory's server lock -> store (migrations) -> model ->
+here) -> the data directory's server lock -> log file -> store (migrations) -> model ->
 daemon (scheduler, child trainer) -> web app -> bind the port -> serve until SIGTERM or
-Ctrl+C (reinf.shutdown stops gracefully).
+Ctrl+C (reinf.shutdown stops gracefully) -> exit at once, status 0, once everything is
+closed. A second server on the same data directory stops at the lock, before the model
+loads.
 """
 from __future__ import annotations
+
+import logging
+import os
+import sys
 
 import click
 
@@ -20,14 +26,20 @@ def serve(app, host, port, no_train):
     """Serve the web UI, the HTTP API and background training."""
     app.override(host=host, port=port)
     config = app.config  # validation: a ConfigError stops start-up with its fix
+    from reinf.daemon import Daemon
+    from reinf.lock import acquire_lock
     from reinf.logs import setup_logging
+    from reinf.shutdown import install_signal_handlers, run_server
     from webui.server import check_port, create_server, format_url
 
+    # One server per data directory: a clear Conflict if taken. Before the log file: only
+    # the lock holder may write (and rotate) it.
+    lock = acquire_lock(config)
     log_file = setup_logging(config, debug=app.debug)
-    lock = _take_lock(config)
     daemon = None
     try:
         check_port(config.server.host, config.server.port)  # before the slow model load
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the log
         from reinf.chat import ChatService  # torch and transformers: after the quick checks
         from reinf.config import resolve_model_path
         from reinf.engine import Engine
@@ -39,68 +51,40 @@ def serve(app, host, port, no_train):
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)
         chat = ChatService(engine, store, config)
-
-        # --- the daemon: scheduler, child trainer, hot-swap (reinf.daemon) -------------
         # --no-train keeps the daemon (rollback, "Train now") but schedules nothing.
-        daemon = _start_daemon(config, store, engine, lock, schedule=not no_train)
-        # ---------------------------------------------------------------------------------
-
+        daemon = Daemon(config, store, engine, lock=lock, schedule=not no_train).start()
         web = create_app(config, store=store, chat=chat, engine=engine, daemon=daemon)
         server = create_server(web, host=config.server.host, port=config.server.port,
                                threads=config.server.threads,
                                max_request_bytes=config.server.max_request_bytes)
         url = format_url(config.server.host, server.effective_port)
-        if lock is not None:
-            lock.update(url=url.rstrip("/"), host=config.server.host,
-                        port=server.effective_port)
+        lock.update(url=url.rstrip("/"), host=config.server.host, port=server.effective_port)
         click.echo(f"Reinf is serving {url}  (model {engine.model_name}; "
                    f"{'training on schedule' if not no_train else 'scheduled training off'})")
         if config.server.auth_token:
             click.echo(f"sign in at {url}login with auth_token from the config", err=True)
         click.echo(f"log: {log_file} — Ctrl+C stops", err=True)
-        _run(server, daemon, web.extensions["reinf"].streams)
+        stop = install_signal_handlers(daemon)
+        streams = web.extensions["reinf"].streams
+        run_server(server, stop, daemon=daemon, stop_replies=streams.stop_all)
     finally:
         if daemon is not None:
             daemon.shutdown()
-        if lock is not None and lock.held:
+        if lock.held:
             lock.release()
+    exit_now(app)
 
 
-def _take_lock(config):
-    """One server per data directory; None when this build has no lock module."""
-    try:
-        from reinf.lock import acquire_lock
-    except ModuleNotFoundError as exc:
-        if exc.name != "reinf.lock":
-            raise
-        return None
-    return acquire_lock(config)
-
-
-def _start_daemon(config, store, engine, lock, *, schedule: bool):
-    try:
-        from reinf.daemon import Daemon
-    except ModuleNotFoundError as exc:
-        if exc.name != "reinf.daemon":
-            raise
-        return None
-    return Daemon(config, store, engine, lock=lock, schedule=schedule).start()
-
-
-def _run(server, daemon, streams) -> None:
-    """Serve until a signal; stop gracefully (replies in flight finish or are cut)."""
-    try:
-        from reinf.shutdown import install_signal_handlers, run_server
-    except ModuleNotFoundError as exc:
-        if exc.name != "reinf.shutdown":
-            raise
-        try:
-            server.run()
-        except KeyboardInterrupt:
-            pass
-        return
-    stop = install_signal_handlers(daemon)
-    run_server(server, stop, daemon=daemon, stop_replies=streams.stop_all)
+def exit_now(app, code: int = 0) -> None:
+    """Exit now that everything is shut down: the replies are answered, the trainer is
+    stopped, the lock is released; the store and the log are closed here. The
+    interpreter's own teardown of torch and transformers would add about a second to
+    every stop (and to every restart of the service)."""
+    app.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 COMMANDS = [serve]

@@ -1,14 +1,25 @@
-"""``reinf train``: one PPO training round in the foreground, with a progress bar.
+"""``reinf train``: one PPO training round now.
 
-It behaves like the daemon's child process (``python -m reinf.trainer``), exit codes
-included: 0 succeeded, 3 rejected by the promotion gate, 4 nothing new to train on,
-5 reward hook broken, 6 model missing or unloadable, 1 any other failure.
+With no server running it trains in the foreground, with a progress bar. While a
+``reinf serve`` uses the data directory, it asks that server to train instead
+(reinf.remote.request_train) and waits for the round, so there is only ever one trainer
+and the new checkpoint is swapped into the running model.
+
+Either way it reports the same, exit codes included: 0 succeeded, 3 rejected by the
+promotion gate, 4 nothing new to train on, 5 reward hook broken, 6 model missing or
+unloadable, 1 any other failure (a round already running included).
 """
 import sys
+import time
 
 import click
 
 from reinf.cli.common import emit, json_option
+from reinf.trainer import (EXIT_FAILED, EXIT_HOOK, EXIT_MODEL, EXIT_NOTHING, EXIT_REJECTED,
+                           EXIT_SUCCEEDED)
+
+# The daemon's reconcile job and a starting server hold the train lock for a moment.
+LOCK_RETRY_SECONDS = 1.0
 
 
 @click.command()
@@ -20,6 +31,9 @@ from reinf.cli.common import emit, json_option
 def train(app, once, force, as_json):
     """Run one PPO training round now, with a progress bar.
 
+    While `reinf serve` runs on this data directory, the round runs in that server
+    (and is swapped into its model); this command waits for it.
+
     \b
     --json prints {"run_id", "status", "checkpoint_id", "metrics", "message", "error"};
     metrics use the CleanRL names (reward_mean, kl, approx_kl, clipfrac, policy_loss,
@@ -30,24 +44,14 @@ def train(app, once, force, as_json):
     Exit codes: 0 succeeded, 3 rejected by the promotion gate, 4 nothing new to
     train on, 5 reward hook broken, 6 model missing, 1 anything else.
     """
-    from reinf.errors import Conflict
-    from reinf.lock import acquire_train_lock, read_info, train_lock_path
-    from reinf.trainer import ProgressBar, apply_process_settings, run_once
+    from reinf.remote import probe_daemon
 
-    config, store = app.config, app.store
-    lock = acquire_train_lock(config, trigger="manual")  # one round at a time, daemon included
-    if lock is None:
-        pid = read_info(train_lock_path(config)).get("pid", "?")
-        raise Conflict(f"another training round is running (pid {pid})",
-                       fix="wait for it to finish; `reinf status` shows the last run")
-    apply_process_settings(config)
-    bar = ProgressBar(enabled=not as_json)
-    try:
-        code, payload, error = run_once(config, store, trigger="manual", force=force,
-                                        progress=bar)
-    finally:
-        bar.close()
-        lock.release()
+    config = app.config
+    daemon = probe_daemon(config)
+    if daemon["running"]:
+        code, payload, error = train_in_daemon(config, daemon, force=force, quiet=as_json)
+    else:
+        code, payload, error = train_here(app, force=force, progress=not as_json)
     if error is not None and app.debug:
         raise error
     if as_json:
@@ -59,5 +63,84 @@ def train(app, once, force, as_json):
     if code:
         sys.exit(code)
 
+
+def train_here(app, *, force: bool, progress: bool):
+    """One round in this process -> (exit code, payload, error)."""
+    from reinf.errors import Conflict
+    from reinf.lock import acquire_train_lock, read_info, train_lock_path
+    from reinf.trainer import ProgressBar, apply_process_settings, run_once
+
+    config, store = app.config, app.store
+    deadline = time.monotonic() + LOCK_RETRY_SECONDS
+    lock = acquire_train_lock(config, trigger="manual")  # one round at a time, daemon included
+    while lock is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        lock = acquire_train_lock(config, trigger="manual")
+    if lock is None:
+        pid = read_info(train_lock_path(config)).get("pid", "?")
+        raise Conflict(f"another training round is running (pid {pid})",
+                       fix="wait for it to finish; `reinf status` shows the last run")
+    apply_process_settings(config)
+    bar = ProgressBar(enabled=progress)
+    try:
+        return run_once(config, store, trigger="manual", force=force, progress=bar)
+    finally:
+        bar.close()
+        lock.release()
+
+
+def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
+    """Ask the running server for a round and wait for it -> (exit code, payload, error)."""
+    from reinf.errors import Conflict, ReinfError
+    from reinf.remote import request_train
+    from reinf.trainer import NothingToTrain
+
+    if not quiet:
+        click.echo(f"reinf serve (pid {daemon['pid']}) uses this data directory: the round "
+                   "runs there…", err=True)
+    answer = request_train(config, force=force, wait=True)
+    if answer is None:  # the server stopped between the probe and the request
+        raise Conflict("reinf serve stopped before it could train",
+                       fix="run `reinf train` again")
+    if not answer.get("started"):
+        reason = answer.get("reason") or answer.get("error") or "training did not start"
+        if answer.get("ratings_waiting") == 0:
+            error = NothingToTrain(reason, fix="rate some replies first, or pass --force to "
+                                               "train on the stored ratings again")
+            return EXIT_CODES["nothing_to_train"], build_payload(
+                {"status": "skipped", "message": str(error), "error": "nothing_to_train"},
+                daemon), error
+        run = f", run #{answer['run_id']}" if answer.get("run_id") else ""
+        raise Conflict(f"{reason} in reinf serve (pid {daemon['pid']}{run})",
+                       fix="wait for it to finish; `reinf status` shows it")
+    result = answer.get("result") or {}
+    payload = build_payload(result, daemon)
+    status = payload["status"]
+    if status in ("succeeded", "rejected"):
+        return EXIT_CODES[status], payload, None
+    code = EXIT_CODES.get(payload["error"] or "error", EXIT_FAILED)
+    return code, payload, ReinfError(payload["message"])
+
+
+def build_payload(result: dict, daemon: dict) -> dict:
+    """The foreground's JSON shape, from the daemon's round result; "daemon" says where it
+    ran and whether the new checkpoint was swapped into the running model."""
+    status = result.get("status") or "failed"
+    error = result.get("error")
+    if status == "failed" and not error:
+        error = "error"
+    if status == "skipped" and not error:
+        error = "error"  # not started: another process's round held the lock
+    return {"run_id": result.get("run_id"), "status": status,
+            "checkpoint_id": result.get("checkpoint_id"), "metrics": result.get("metrics") or {},
+            "message": result.get("message") or status, "error": error,
+            "daemon": {"pid": daemon.get("pid"), "url": daemon.get("url"),
+                       "swapped": result.get("swapped", False),
+                       "trigger": result.get("trigger")}}
+
+
+EXIT_CODES = {"succeeded": EXIT_SUCCEEDED, "rejected": EXIT_REJECTED,
+              "nothing_to_train": EXIT_NOTHING, "hook": EXIT_HOOK, "model": EXIT_MODEL,
+              "error": EXIT_FAILED}
 
 COMMANDS = [train]

@@ -157,16 +157,19 @@ def test_requests_reach_the_running_server_with_its_token(config, fake_server):
 def test_reinf_train_can_follow_the_servers_round_to_its_end(config, fake_server):
     port = fake_server.server_address[1]
     old = {"status": "succeeded", "run_id": 1, "finished_at": "2030-01-01T00:00:00"}
-    new = {"status": "failed", "run_id": 2, "message": "timed out after 30 s"}
+    new = {"status": "failed", "run_id": 2, "message": "timed out after 30 s",
+           "trigger": "request"}
+    other = {"status": "succeeded", "run_id": 3, "trigger": "ratings"}  # not ours
     Recorder.statuses = [{"schedule": {"training": False, "last_result": old}},
                          {"schedule": {"training": True, "last_result": old}},
-                         {"schedule": {"training": False, "last_result": new}}]
+                         {"schedule": {"training": True, "last_result": other}},
+                         {"schedule": {"training": True, "last_result": new}}]
     Recorder.answer = (202, {"started": True, "trigger": "request"})
     with acquire_lock(config, host="127.0.0.1", port=port):
         out = request_train(config, wait=True, poll_seconds=0.01)
     assert out == {"started": True, "trigger": "request", "result": new}
     assert [p for p, _, _ in Recorder.seen] == ["/api/status", "/api/train", "/api/status",
-                                                "/api/status"]
+                                                "/api/status", "/api/status"]
     Recorder.statuses = [{"schedule": {"training": True, "last_result": old}}]
     Recorder.answer = (409, {"error": "a round is already running", "status": 409,
                              "started": False, "reason": "a round is already running",
@@ -192,3 +195,40 @@ def test_a_server_that_holds_the_lock_but_does_not_answer(config):
             request_train(config)
         assert err.value.status == 503
         assert notify_rollback(config, "base") is False  # the store holds the choice
+
+
+def test_reinf_train_reports_the_servers_round_like_a_foreground_one(config, home, invoke,
+                                                                   fake_server):
+    """Exit codes and --json of `reinf train` through a (fake) running server."""
+    port = fake_server.server_address[1]
+    failed = {"status": "failed", "run_id": 4, "trigger": "request", "exit_code": 5,
+              "message": "reward hook broken: mapper.py:3: NameError", "error": "hook",
+              "metrics": {"seconds": 2.0}, "checkpoint_id": None}
+    Recorder.statuses = [{"schedule": {"last_result": None}},
+                         {"schedule": {"training": False, "last_result": failed}}]
+    Recorder.answer = (202, {"started": True, "trigger": "request"})
+    with acquire_lock(config, host="127.0.0.1", port=port):
+        result = invoke("train", "--json")
+    assert result.exit_code == 5
+    out = json.loads(result.stdout)
+    assert out["status"] == "failed" and out["error"] == "hook" and out["run_id"] == 4
+    assert out["daemon"]["pid"] == os.getpid() and out["daemon"]["swapped"] is False
+    good = {"status": "succeeded", "run_id": 5, "trigger": "request", "swapped": True,
+            "message": "round 2: checkpoint r0002 is active", "checkpoint_id": "r0002",
+            "metrics": {"kl": 0.01}}
+    Recorder.statuses = [{"schedule": {"last_result": failed}},
+                         {"schedule": {"training": False, "last_result": good}}]
+    with acquire_lock(config, host="127.0.0.1", port=port):
+        result = invoke("train")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == good["message"] and "runs there" in result.stderr
+    Recorder.statuses = [{"schedule": {"last_result": good}}]
+    Recorder.answer = (409, {"error": "nothing new to train on: no ratings since the last "
+                             "round", "started": False, "ratings_waiting": 0,
+                             "reason": "nothing new to train on: no ratings since the last "
+                                       "round"})
+    with acquire_lock(config, host="127.0.0.1", port=port):
+        result = invoke("train", "--json")
+    assert result.exit_code == 4
+    assert json.loads(result.stdout)["error"] == "nothing_to_train"
+    assert not (home / "train.lock").exists()  # nothing trained here

@@ -367,6 +367,30 @@ def test_changes_made_by_other_processes_reach_the_engine(build, store, home):
     assert engine.swaps == [("c1", c1)]
 
 
+def test_ratings_stored_by_other_processes_reach_the_trigger(build, store):
+    """`reinf rate` writes to the store, not through the API: the poll notices it, and
+    counts it toward the new ratings a failed round waits for."""
+    daemon, runner = build(script=["fail", "succeed"], train_after_ratings=2)
+    daemon.reconcile_seconds = 0.1
+    daemon.start()
+    first = rate_new_turn(store)
+    store.rate(first, 1)  # a re-rating: still one waiting
+    time.sleep(0.4)
+    assert runner.calls == []
+    rate_new_turn(store)
+    assert wait_for(lambda: runner.calls == ["ratings"])
+    assert wait_for(lambda: (daemon.schedule_info()["last_result"] or {}).get("status")
+                    == "failed")
+    assert daemon.schedule_info()["ratings_since_failure"] == 0
+    rate_new_turn(store)  # one new rating after the failure: not yet
+    time.sleep(0.4)
+    assert runner.calls == ["ratings"] and daemon.schedule_info()["ratings_since_failure"] == 1
+    rate_new_turn(store)
+    daemon.notify_rating()  # the second, through the API: two new ratings in all
+    assert wait_for(lambda: runner.calls == ["ratings", "ratings"])
+    assert wait_for(lambda: daemon.schedule_info()["last_result"]["status"] == "succeeded")
+
+
 def test_no_train_turns_scheduling_off_but_train_now_works(build, store):
     daemon, runner = build(schedule=False, train_interval_minutes=0.005, train_after_ratings=1)
     daemon.start()

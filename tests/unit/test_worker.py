@@ -208,7 +208,16 @@ def test_interpret_and_describe():
     bad = interpret(2, ["not json\n"], ["Traceback", "ValueError: x"], None)
     assert bad.status == "failed" and bad.message.endswith("ValueError: x")
     lying = interpret(1, [json.dumps({"status": "succeeded", "message": "?"})], [], None)
-    assert lying.status == "failed"
+    assert lying.status == "failed" and lying.to_dict()["error"] == "error"
+    hook = interpret(5, [json.dumps({"status": "failed", "message": "reward hook broken: x",
+                                     "error": "hook"})], [], None)
+    assert hook.to_dict()["error"] == "hook" and hook.to_dict()["exit_code"] == 5
+    nothing = interpret(4, [json.dumps({"status": "skipped", "message": "nothing new",
+                                        "error": "nothing_to_train"})], [], None)
+    assert nothing.status == "skipped" and nothing.to_dict()["error"] == "nothing_to_train"
+    assert interpret(0, ['{"status": "succeeded", "error": null}'], [], None
+                     ).to_dict()["error"] is None
+    assert interpret(-9, [], [], None).to_dict()["error"] == "error"
     assert describe_signal(11) == "killed by signal 11 (SIGSEGV)"
     assert describe_seconds(30 * 60) == "30 minutes" and describe_seconds(6) == "6 s"
 
