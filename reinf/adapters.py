@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reinf.errors import ModelError
+from reinf.modeling import quiet_peft
 
 
 class Adapters:
@@ -41,8 +42,9 @@ class Adapters:
         try:
             try:
                 if created:
-                    self.peft = PeftModel(self.model, peft_config, adapter_name=name,
-                                          low_cpu_mem_usage=True)
+                    with quiet_peft():
+                        self.peft = PeftModel(self.model, peft_config, adapter_name=name,
+                                              low_cpu_mem_usage=True)
                 else:
                     self.peft.add_adapter(name, peft_config, low_cpu_mem_usage=True)
                 result = set_peft_model_state_dict(self.peft, state_dict, adapter_name=name,

@@ -121,7 +121,8 @@ def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
                           "import_timeout": import_timeout,
                           "items": [{"score": s, "metadata": m, "label": label}
                                     for (s, m), label in zip(items, labels)]})
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
+               REINF_HOOK_PARENT=str(os.getpid()))
     code = f"import sys; sys.path.insert(0, {_ROOT!r}); import reinf.hooks as h; h.serve_child()"
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
@@ -231,8 +232,26 @@ def build_error(path: Path | str, line: int | None, message: str, *,
 
 # --- the child ------------------------------------------------------------------------------
 
+def _die_with_parent() -> None:
+    """On Linux, be killed with the process that asked for the evaluation: a hung hook
+    must not outlive a trainer or server that was killed with SIGKILL."""
+    try:
+        import ctypes
+        import ctypes.util
+        import signal
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's timeout still kills us
+        return
+    parent = os.environ.get("REINF_HOOK_PARENT")
+    if parent and os.getppid() != int(parent):  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def serve_child() -> None:
     """Entry point of the child process (see the module docstring for the protocol)."""
+    _die_with_parent()
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # the hook's print() lands on stderr, never in the protocol
     sys.stdout = sys.stderr

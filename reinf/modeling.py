@@ -8,10 +8,12 @@ tokenizer's chat template to the recent history and trims the oldest turns to fi
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -329,3 +331,13 @@ class Detokenizer:
         self._read = len(self.ids)
         self.text += delta
         return delta
+
+
+@contextlib.contextmanager
+def quiet_peft():
+    """peft uses gradient-checkpointing names that transformers 5 deprecated; the person
+    can do nothing about it, so it stays out of their terminal."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated",
+                                category=FutureWarning)
+        yield

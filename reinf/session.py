@@ -12,8 +12,6 @@ least the rejected round's doubled kl_coef, so it does not repeat the same rejec
 """
 from __future__ import annotations
 
-import contextlib
-import warnings as warnings_mod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import torch
 
 from reinf import checkpoints
 from reinf.errors import ModelError
+from reinf.modeling import quiet_peft
 from reinf.ppo import KLController, Policy, RunningMoments, ValueHead
 
 
@@ -93,13 +92,13 @@ def build_session(config, store) -> Session:
     loaded = load_base(config, device)
     warnings += list(getattr(loaded, "warnings", []) or [])
     ppo = config.ppo
-    with _quiet_peft():
+    with quiet_peft():
         model = prepare_for_training(loaded, ppo.gradient_checkpointing)
     active = store.active_checkpoint()
     hidden = model.config.get_text_config().hidden_size
     value_head = ValueHead(hidden)
     state: dict[str, Any] = {}
-    with _quiet_peft():
+    with quiet_peft():
         if active is not None:
             ckpt = checkpoints.load_checkpoint(Path(active.path))
             peft_model = PeftModel.from_pretrained(model, str(ckpt.path), is_trainable=True)
@@ -138,16 +137,6 @@ def build_session(config, store) -> Session:
         stats.load_state_dict(state["reward_stats"])
     counters = {k: int(state.get(k, 0)) for k in ("round", "global_step", "samples_seen")}
     return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings)
-
-
-@contextlib.contextmanager
-def _quiet_peft():
-    """peft uses gradient-checkpointing names that transformers 5 deprecated; the person
-    can do nothing about it, so it stays out of their terminal."""
-    with warnings_mod.catch_warnings():
-        warnings_mod.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated",
-                                    category=FutureWarning)
-        yield
 
 
 def _after_rejection(store, parent_id: str | None) -> float:

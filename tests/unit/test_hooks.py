@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import textwrap
 import time
 from datetime import datetime, timedelta, timezone
@@ -292,3 +294,52 @@ def test_ratings_are_evaluated_at_their_age(hooked, hook, store):
     row, = compute_rewards(hooked, store.training_samples(10), now=later)
     assert row.reward == pytest.approx(0.12, abs=1e-3)
     assert row.weight == pytest.approx(0.5 ** (12 / 30), abs=1e-3)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_hung_hook_dies_with_a_killed_caller(home, tmp_path):
+    """A trainer killed with SIGKILL must not leave its hung hook process behind."""
+    pid_file = tmp_path / "hook.pid"
+    write(home / "reward_mapper.py", f"""\
+        import os, time
+        def reward_mapper(score, metadata):
+            open({str(pid_file)!r}, "w").write(str(os.getpid()))
+            time.sleep(120)
+            return 0.0
+        """)
+    caller = textwrap.dedent(f"""
+        from reinf.config import load_config
+        from reinf.rewards import compute_rewards
+        from reinf.store import Store
+        cfg = load_config(environ={{"REINF_HOME": {str(home)!r}}}).replace(
+            reward_mapper="reward_mapper.py:reward_mapper", hook_timeout_seconds=300)
+        store = Store.open(cfg)
+        conv = store.create_conversation().id
+        t = store.append_turn(conv, "q", "a", prompt_ids=[1], reply_ids=[2], logprobs=[-1.0])
+        store.rate(t.id, 4)
+        compute_rewards(cfg, store.training_samples(10))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", caller])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "the hook never ran"
+            time.sleep(0.1)
+        hook_pid = int(pid_file.read_text())
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _alive(hook_pid):
+            assert time.monotonic() < deadline, "the hook process outlived its killed caller"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in state  # a zombie has died; only reaping is left
