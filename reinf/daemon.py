@@ -150,22 +150,13 @@ class Daemon:
 
     def _load_active(self) -> None:
         """Make the engine serve what the store says is active, or the nearest good one."""
-        record, warnings = choose_active(self.store)
+        if self.engine is None:
+            _, warnings = choose_active(self.store)
+        else:
+            warnings = serve_active(self.engine, self.store)
         self.warnings.extend(warnings)
         for w in warnings:
             log.warning(w)
-        if self.engine is None:
-            return
-        target = record.id if record else None
-        if self.engine.active_checkpoint_id == target:
-            return
-        try:
-            self.engine.request_swap(target, record.path if record else None)
-        except Exception as exc:  # noqa: BLE001 - serve the base rather than nothing
-            text = f"checkpoint {target} could not be loaded ({exc}); serving the base model"
-            log.warning(text)
-            self.warnings.append(text)
-            self.store.activate_checkpoint(None)
 
     # --- what the web app calls ------------------------------------------------------
 
@@ -315,3 +306,20 @@ def choose_active(store) -> tuple[Any, list[str]]:
         store.activate_checkpoint(candidate.id if candidate else None)
         warnings[-1] += f"; serving {candidate.id if candidate else 'the base model'} instead"
     return candidate, warnings
+
+
+def serve_active(engine, store) -> list[str]:
+    """Make ``engine`` serve the store's active checkpoint (or its nearest complete
+    ancestor, or the base model); returns what went wrong, as warnings. The server calls
+    this at start-up, and so does ``reinf chat`` when it runs the model itself."""
+    record, warnings = choose_active(store)
+    target = record.id if record else None
+    if engine.active_checkpoint_id == target:
+        return warnings
+    try:
+        engine.request_swap(target, record.path if record else None)
+    except Exception as exc:  # noqa: BLE001 - serve the base rather than nothing
+        warnings.append(f"checkpoint {target} could not be loaded ({exc}); serving the base "
+                        "model")
+        store.activate_checkpoint(None)
+    return warnings

@@ -39,20 +39,24 @@ def build_backend(app, url: str | None, *, quiet: bool = False,
     """The daemon's HTTP backend when one answers, else the model in this process.
 
     An unknown ``conversation_id`` fails here, before the slow model load."""
+    from reinf.client import HttpBackend
+    from reinf.remote import connect_url
+    from reinf.remote import probe_daemon as read_server_lock
     from reinf.repl import daemon_url, probe_daemon
 
     cfg = app.config
-    target = url or daemon_url(cfg.server.host, cfg.server.port)
+    if url:
+        target = url
+    else:  # the server of this data directory (same DB), else the configured address
+        lock = read_server_lock(cfg)
+        target = (connect_url(lock) if lock.get("running") else None) or \
+            daemon_url(cfg.server.host, cfg.server.port)
     if probe_daemon(target, token=cfg.server.auth_token):
-        backend = http_backend(target, cfg, generation=app.overrides)
-        if backend is not None:
-            if conversation_id is not None:
-                backend.history(conversation_id, 1)
-            return backend
-        if not quiet:
-            click.echo(f"a Reinf daemon answers at {target}, but this build has no HTTP client "
-                       "yet; running the model in this process", err=True)
-    elif url:
+        backend = HttpBackend(target, cfg, generation=dict(app.overrides))
+        if conversation_id is not None:
+            backend.history(conversation_id, 1)
+        return backend
+    if url:
         raise NotAvailable(f"no Reinf daemon answers at {url}",
                            fix="start one with `reinf serve`, or leave out --url to run the "
                                "model in this process")
@@ -61,25 +65,10 @@ def build_backend(app, url: str | None, *, quiet: bool = False,
     return local_backend(app, quiet=quiet)
 
 
-def http_backend(url: str, config, generation: dict | None = None):
-    """HOOK (API issue): the HTTP client of a running daemon, or None where it is missing.
-
-    ``reinf.client.HttpBackend(url, config, generation=...)`` implements
-    ``reinf.repl.Backend``; ``generation`` carries this session's --temperature and
-    --max-new-tokens to the server.
-    """
-    try:
-        from reinf.client import HttpBackend
-    except ModuleNotFoundError as exc:
-        if exc.name != "reinf.client":
-            raise
-        return None
-    return HttpBackend(url, config, generation=dict(generation or {}))
-
-
 def local_backend(app, *, quiet: bool = False):
     from reinf.chat import ChatService
     from reinf.config import resolve_model_path
+    from reinf.daemon import serve_active
     from reinf.engine import Engine
     from reinf.repl import LocalBackend
 
@@ -88,7 +77,8 @@ def local_backend(app, *, quiet: bool = False):
     if not quiet:
         click.echo(f"loading {resolve_model_path(app.config)} …", err=True)
     engine = Engine.load(app.config)
-    for warning in engine.warnings:
+    # serve the adapter the person's ratings trained (what `reinf serve` would serve)
+    for warning in [*engine.warnings, *serve_active(engine, store)]:
         click.echo(f"warning: {warning}", err=True)
     return LocalBackend(ChatService(engine, store, app.config), store)
 

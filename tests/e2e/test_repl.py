@@ -14,7 +14,7 @@ from conftest import clean_env
 from reinf.config import load_config
 from reinf.repl import RATE_PROMPT, USER_PROMPT
 from reinf.store import Store
-from tiny import make_tiny_model
+from tiny import make_adapter, make_tiny_model
 
 pytestmark = pytest.mark.e2e
 REINF = [sys.executable, "-m", "reinf"]
@@ -139,6 +139,26 @@ def test_once_json_continues_a_conversation(tiny, home, tmp_path):
     assert out["checkpoint_id"] == "base" and out["interrupted"] is False
     assert out["reply_tokens"] == len(turn.reply_ids) == len(turn.logprobs) <= 6
     assert out["ttft_ms"] > 0 and out["latency_ms"] >= out["ttft_ms"]
+
+
+def test_standalone_chat_serves_the_active_checkpoint(tiny, home, tmp_path):
+    """Without a server, `reinf chat` loads the adapter the ratings trained, not the base."""
+    from reinf.checkpoints import REQUIRED
+
+    store = open_store(home)
+    ckpt = make_adapter(tiny, home / "checkpoints" / "r0001-test", seed=3)
+    for name in REQUIRED:  # the trainer's other files; the engine only reads the adapter
+        if not (ckpt / name).exists():
+            (ckpt / name).write_text("{}")
+    store.add_checkpoint("r0001-test", str(ckpt))
+    store.activate_checkpoint("r0001-test")
+    env = chat_env(home, tiny, MAX_NEW_TOKENS="4")
+    done = subprocess.run(REINF + ["chat", "--once", "Hello", "--json"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["checkpoint_id"] == "r0001-test"
+    assert store.get_turn(out["turn_id"]).checkpoint_id == "r0001-test"
 
 
 def test_an_explicit_url_without_a_daemon_is_a_clear_error(invoke):
