@@ -41,6 +41,7 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
     """
     from peft import LoraConfig, get_peft_model
 
+    from reinf.modeling import quiet_peft
     from reinf.session import load_base, prepare_for_training, resolve_train_device
 
     if loaded is None:
@@ -51,7 +52,9 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
                       lora_dropout=config.lora.dropout,
                       target_modules=list(config.lora.target_modules), task_type="CAUSAL_LM")
     torch.manual_seed(seed)
-    policy = Policy(get_peft_model(model, lora),
+    with quiet_peft():
+        peft_model = get_peft_model(model, lora)
+    policy = Policy(peft_model,
                     ValueHead(model.config.get_text_config().hidden_size).to(device),
                     amp_dtype=torch.bfloat16 if device.type == "cuda"
                     and torch.cuda.is_bf16_supported() else None)

@@ -1,26 +1,112 @@
-"""``reinf bench``: benchmarks (land with the Benchmarks issue)."""
+"""``reinf bench learn`` and ``reinf bench speed``: benchmarks, not tests (docs/benchmarks.md)."""
+import os
+
 import click
 
-from reinf.cli.common import json_option, not_available
+from reinf.cli.common import emit, json_option
 
 
 @click.group()
 def bench():
-    """Measure learning and speed (benchmarks, not tests)."""
+    """Measure learning and speed (benchmarks, not tests; see docs/benchmarks.md)."""
+
+
+def _threads(threads: int | None, config) -> int:
+    """--threads, else schedule.train_threads, else torch's default; applied now."""
+    import torch
+
+    n = threads or config.schedule.train_threads or 0
+    if n > 0:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
 
 
 @bench.command()
+@click.option("--rater", default="prefers-terse", show_default=True,
+              help="Built-in rater (prefers-terse, prefers-chatty, prefers-bullets, "
+                   "prefers-plain, dislikes-questions, noisy) or FILE.py:function.")
+@click.option("--ratings", type=click.IntRange(1), default=200, show_default=True,
+              help="Ratings per method.")
+@click.option("--train-after", type=click.IntRange(1), default=None,
+              help="A round after every K new ratings [default: train_after_ratings].")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--model", "model_path", default=None,
+              help="Base model (model_path) [default: the configured one].")
+@click.option("--baselines", default="sft,kto", show_default=True,
+              help="Comma-separated: sft (reward-weighted SFT), kto (TRL's KTOTrainer), or none.")
+@click.option("--window", type=click.IntRange(1), default=20, show_default=True,
+              help="Ratings per reported window.")
+@click.option("--target", type=click.FloatRange(1, 5), default=4.0, show_default=True,
+              help="Target mean rating (over the last window of ratings).")
+@click.option("--probe", type=click.IntRange(1), default=16, show_default=True,
+              help="Probe replies measured at the end of each window.")
+@click.option("--final-probe", type=click.IntRange(1), default=128, show_default=True,
+              help="Probe replies for the base model and the final measurement.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="torch CPU threads [default: train_threads, else torch's own].")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench-learn.png",
+              show_default=True, help="Where the plot goes (.svg without matplotlib).")
+@click.option("--child", is_flag=True,
+              help="Run Reinf's rounds in the daemon's child process (slower; default: in "
+                   "this process).")
+@click.option("--keep", is_flag=True, help="Keep each method's temporary data directory.")
 @json_option
-def learn(as_json):
-    """Run the whole loop with a simulated rater and compare against baselines."""
-    not_available("bench learn", "the Benchmarks issue")
+@click.pass_obj
+def learn(app, rater, ratings, train_after, seed, model_path, baselines, window, target, probe,
+          final_probe, threads, plot_path, child, keep, as_json):
+    """Run the whole loop with a simulated rater, beside baselines on the same stream.
+
+    Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
+    daemon does; then the same for reward-weighted SFT and TRL's KTOTrainer. Reports per
+    window the mean rating, the preferred-style share, KL to the base and held-out
+    perplexity; the ratings and time to reach --target; and the value head's reward
+    consistency. Progress goes to stderr.
+    """
+    from reinf.bench import LearnPlan, run_learn
+    from reinf.benchplot import format_table, save_plot
+
+    app.override(model_path=model_path)
+    config = app.config
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _threads(threads, config)
+    chosen = [b.strip() for b in baselines.split(",") if b.strip() and b.strip() != "none"]
+    plan = LearnPlan(rater=rater, ratings=ratings, train_after=train_after or 0, seed=seed,
+                     window=window, target=target, probe=probe, final_probe=final_probe,
+                     methods=("reinf", *chosen), child=child, keep=keep)
+    report = run_learn(config, plan)
+    report["plot"] = str(save_plot(report, plot_path))
+    emit(report, as_json, lambda r: click.echo(format_table(r) + f"\nplot: {r['plot']}"))
 
 
 @bench.command()
+@click.option("--models", default="demo,0.5b", show_default=True,
+              help="Comma-separated: demo (the configured model) and/or 0.5b (a random "
+                   "Qwen2.5-0.5B-shaped model).")
+@click.option("--turns", type=click.IntRange(2), default=64, show_default=True,
+              help="Rated turns of the PPO round (demo model).")
+@click.option("--turns-0.5b", "turns_large", type=click.IntRange(2), default=8,
+              show_default=True, help="Rated turns of the PPO round on the 0.5B shape (a "
+                                      "64-turn round takes about 14 minutes on 2 cores).")
+@click.option("--quick", is_flag=True, help="Small and fast: demo only unless --models says "
+                                            "otherwise, 16 turns, fewer repeats.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="torch CPU threads [default: train_threads, else torch's own].")
 @json_option
-def speed(as_json):
-    """Time to first token, tokens/s, swap pause and PPO round time, as ratios."""
-    not_available("bench speed", "the Benchmarks issue")
+@click.pass_context
+def speed(ctx, models, turns, turns_large, quick, threads, as_json):
+    """Time to first token, tokens/s, swap pause, PPO round time and memory, as ratios.
+
+    Each model is measured in its own process, so peak memory is its own.
+    """
+    from reinf.benchspeed import format_speed, run_speed
+
+    app = ctx.obj
+    if quick and ctx.get_parameter_source("models") == click.core.ParameterSource.DEFAULT:
+        models = "demo"
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    report = run_speed(app.config, names, turns=16 if quick else turns,
+                       turns_large=turns_large, quick=quick, threads=threads)
+    emit(report, as_json, lambda r: click.echo(format_speed(r)))
 
 
 COMMANDS = [bench]

@@ -1,0 +1,278 @@
+"""The baselines ``reinf bench learn`` runs beside Reinf's PPO, on the same rating stream.
+
+Both train the same LoRA adapter (``lora.*``, seeded like a fresh PPO adapter) on the same
+rated turns a PPO round would see (the newest ``replay_buffer_size``, through the same
+reward mapper), with the same budget: ``ppo_epochs`` passes in minibatches of
+``batch_size`` at ``learning_rate``. Each round continues from the active checkpoint,
+writes a checkpoint with ``reinf.checkpoints`` (a zero value head: neither has a critic),
+records a training run, and activates it; the bench then hot-swaps it into the engine
+exactly as it does a PPO checkpoint. Neither has PPO's promotion gate.
+
+- **Reward-weighted SFT** (``sft``): the negative log-likelihood of each reply, weighted by
+  ``max(reward, 0)`` times the mapper's time-decay weight. Replies rated 4-5 are imitated
+  (5 twice as strongly as 4 with the default mapper); 1-3 are ignored, since a negative
+  weight would push the likelihood of a reply down without bound.
+- **KTO** (``kto``): TRL's ``KTOTrainer`` (trl >= 1.0: ``from trl import KTOTrainer``),
+  ratings 4-5 desirable, 1-2 undesirable, 3 dropped; beta 0.1 (TRL's default); the
+  desirable/undesirable weights balance the two classes as TRL recommends. The reference
+  is the base model (a second, frozen copy), the same anchor as PPO's KL penalty. TRL
+  tokenizes text itself, so each prompt is the decoded prompt token ids (chat template
+  included) and the completion is the reply text plus EOS.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import tempfile
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reinf import checkpoints
+from reinf.errors import ReinfError
+from reinf.lock import acquire_train_lock
+from reinf.worker import Outcome
+
+log = logging.getLogger("reinf.baselines")
+BENCH_EXTRA = 'pip install -e ".[bench]"'
+KTO_BETA = 0.1
+
+
+def check_trl() -> str:
+    """TRL's version, or a ReinfError saying how to install the bench extra."""
+    try:
+        import datasets  # noqa: F401
+        import trl
+    except ImportError as exc:
+        raise ReinfError(f"the KTO baseline needs TRL and datasets ({exc.name} is missing)",
+                         fix=f"{BENCH_EXTRA}, or run with --baselines sft or none") from None
+    return trl.__version__
+
+
+class BaselineRunner:
+    """Runs one baseline round at a time, with ChildRunner's interface (``run`` -> Outcome)."""
+
+    def __init__(self, kind: str, config, store):
+        if kind not in ("sft", "kto"):
+            raise ValueError(f"unknown baseline {kind!r}")
+        self.kind, self.config, self.store = kind, config, store
+        self.pid = None
+
+    def current_run_id(self) -> int | None:
+        return None
+
+    def stop(self, reason: str = "") -> None:
+        pass
+
+    def run(self, trigger: str, *, force: bool = False) -> Outcome:
+        started = time.monotonic()
+        lock = acquire_train_lock(self.config, trigger=trigger)
+        if lock is None:
+            return Outcome("skipped", "another training round is already running")
+        try:
+            if not force and self.store.ratings_waiting() == 0:
+                return Outcome("skipped", "nothing new to train on", error="nothing_to_train")
+            run = self.store.start_run(trigger, pid=os.getpid())
+            try:
+                outcome = self._round(run.id)
+            except Exception as exc:  # noqa: BLE001 - the job boundary, as in the trainer
+                log.exception("%s round failed", self.kind)
+                message = f"{self.kind} round failed: {type(exc).__name__}: {exc}"
+                self.store.finish_run(run.id, "failed", error=message[:500])
+                outcome = Outcome("failed", message, run_id=run.id, error="error")
+        finally:
+            lock.release()
+        outcome.seconds = time.monotonic() - started
+        outcome.metrics.setdefault("seconds", outcome.seconds)
+        return outcome
+
+    def _round(self, run_id: int) -> Outcome:
+        from reinf.rewards import compute_rewards
+
+        config, store = self.config, self.store
+        samples = store.training_samples(config.ppo.replay_buffer_size)
+        rows = {r.turn_id: r for r in compute_rewards(config, samples,
+                                                      now=datetime.now(timezone.utc))}
+        kept = [(s, rows[s.turn_id]) for s in samples if s.turn_id in rows and rows[s.turn_id].kept]
+        round_no = sum(r.status == "succeeded" for r in store.list_runs(limit=10_000)) + 1
+        seed = config.ppo.seed + round_no
+        started = time.perf_counter()
+        model, loaded, parent = load_trainable(config, store)
+        if self.kind == "sft":
+            metrics = train_sft(model, kept, config, seed)
+        else:
+            metrics = train_kto(model, loaded, kept, config, seed,
+                                Path(config.data_dir) / "kto-work")
+        metrics.update(seconds=time.perf_counter() - started, round=round_no, parent_id=parent,
+                       reward_mean=(sum(r.reward for _, r in kept) / len(kept)) if kept else 0.0)
+        if not metrics["samples"]:
+            reason = metrics.pop("why", "no usable samples")
+            store.finish_run(run_id, "rejected", metrics=checkpoints.jsonable(metrics),
+                             error=reason, samples=0)
+            return Outcome("rejected", f"round skipped: {reason}", run_id=run_id,
+                           metrics=metrics)
+        root = checkpoints.root_dir(config)
+        ckpt_id = checkpoints.create_checkpoint_id(round_no)
+        hidden = model.config.get_text_config().hidden_size
+        from reinf.ppo import ValueHead
+        path = checkpoints.write_checkpoint(
+            root, ckpt_id, model=model, value_head=ValueHead(hidden),
+            state={"version": 1, "round": round_no, "baseline": self.kind},
+            metrics={**metrics, "checkpoint_id": ckpt_id, "run_id": run_id})
+        clean = checkpoints.jsonable(metrics)
+        store.add_checkpoint(ckpt_id, str(path), parent_id=parent, run_id=run_id, metrics=clean)
+        store.activate_checkpoint(ckpt_id)
+        checkpoints.apply_retention(store, root, config.ppo.keep_best)
+        store.finish_run(run_id, "succeeded", metrics=clean, samples=metrics["samples"],
+                         checkpoint_id=ckpt_id)
+        return Outcome("succeeded", f"{self.kind} round {round_no}: checkpoint {ckpt_id}",
+                       run_id=run_id, checkpoint_id=ckpt_id, metrics=metrics)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Third-party deprecation notices (peft, transformers, TRL) say nothing the person can
+    act on; they stay out of the benchmark's output."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+def load_trainable(config, store):
+    """The base on the training device with the active checkpoint's adapter (trainable), or
+    a fresh adapter seeded exactly as a first PPO round seeds its own."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from reinf.session import load_base, prepare_for_training, resolve_train_device
+
+    loaded = load_base(config, resolve_train_device(config)[0])
+    active = store.active_checkpoint()
+    with quiet():
+        model = prepare_for_training(loaded, False)
+        if active is not None:
+            model = PeftModel.from_pretrained(model, active.path, is_trainable=True)
+        else:
+            lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
+                              lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
+                              target_modules=list(config.lora.target_modules))
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.ppo.seed)
+                model = get_peft_model(model, lora)
+    return model, loaded, active.id if active else None
+
+
+# --- reward-weighted SFT -----------------------------------------------------------------------
+
+def train_sft(model, kept, config, seed: int) -> dict[str, Any]:
+    """``ppo_epochs`` passes of weighted NLL on the replies with a positive reward."""
+    from reinf.ppo import Policy, ValueHead, build_rollout, update_mode, weighted_mean
+
+    episodes = [(s.prompt_ids, s.reply_ids, s.logprobs, 1.0, row.reward,
+                 max(row.reward, 0.0) * row.weight) for s, row in kept]
+    episodes = [e for e in episodes if e[5] > 0 and e[0]]
+    if not episodes:
+        return {"samples": 0, "why": "no reply with a positive reward to imitate"}
+    device = next(model.parameters()).device
+    b = build_rollout(episodes, device)
+    policy = Policy(model, ValueHead(model.config.get_text_config().hidden_size))
+    params = [p for _, p in sorted(model.named_parameters()) if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.ppo.learning_rate, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    bs, losses = config.ppo.batch_size, []
+    with update_mode(model):
+        for _ in range(config.ppo.ppo_epochs):
+            order = torch.randperm(len(b), generator=generator).to(device)
+            for start in range(0, len(b), bs):
+                mb = b.select(order[start:start + bs])
+                out = policy.forward(mb, values=False)
+                loss = weighted_mean(-out.logp, mb.mask, mb.weights)  # weighted NLL per token
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, config.ppo.max_grad_norm or math.inf)
+                optimizer.step()
+                losses.append(float(loss.detach()))
+    return {"samples": len(episodes), "loss": sum(losses) / len(losses), "steps": len(losses),
+            "dropped": len(kept) - len(episodes)}
+
+
+# --- KTO (TRL) ---------------------------------------------------------------------------------
+
+def build_kto_rows(kept, tokenizer, seed: int) -> list[dict[str, Any]]:
+    """prompt (text, chat template included) / completion / label rows: 4-5 desirable,
+    1-2 undesirable, 3 dropped; shuffled (seeded), since TRL reads them in order."""
+    rows = [{"prompt": tokenizer.decode(s.prompt_ids, skip_special_tokens=False),
+             "completion": s.response, "label": s.score >= 4}
+            for s, _ in kept if s.score != 3 and s.prompt_ids]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def kto_weights(rows) -> tuple[float, float]:
+    """(desirable_weight, undesirable_weight) at the low end of the range TRL recommends
+    (KTO paper, eq. 8): the larger class is weighted down to balance the smaller one."""
+    n_good = sum(r["label"] for r in rows)
+    n_bad = len(rows) - n_good
+    if n_good and n_bad:
+        return (n_bad / n_good, 1.0) if n_good > n_bad else (1.0, n_good / n_bad)
+    return 1.0, 1.0
+
+
+def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, Any]:
+    check_trl()
+    import datasets
+    import transformers
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import KTOConfig, KTOTrainer
+
+    from reinf.session import load_base
+
+    rows = build_kto_rows(kept, loaded.tokenizer, seed)
+    if not rows:
+        return {"samples": 0, "why": "no rating of 1-2 or 4-5 to learn from"}
+    desirable, undesirable = kto_weights(rows)
+    ref = load_base(config, str(loaded.device)).model.eval().requires_grad_(False)
+    work.mkdir(parents=True, exist_ok=True)
+    cpu = str(loaded.device) == "cpu"
+    datasets.disable_progress_bars()
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    trl_log = logging.getLogger("trl")
+    trl_level = trl_log.level
+    trl_log.setLevel(logging.ERROR)
+    try:
+        with quiet(), tempfile.TemporaryDirectory(dir=work) as out:
+            args = KTOConfig(
+                output_dir=out, learning_rate=config.ppo.learning_rate,
+                num_train_epochs=config.ppo.ppo_epochs,
+                per_device_train_batch_size=max(2, config.ppo.batch_size),  # KTO needs >= 2
+                gradient_accumulation_steps=config.ppo.gradient_accumulation_steps,
+                lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                max_grad_norm=config.ppo.max_grad_norm, beta=KTO_BETA,
+                desirable_weight=desirable, undesirable_weight=undesirable,
+                logging_strategy="no", save_strategy="no", report_to="none", use_cpu=cpu,
+                bf16=False, gradient_checkpointing=False, seed=seed, data_seed=seed,
+                disable_tqdm=True, dataloader_num_workers=0, max_length=None)
+            trainer = KTOTrainer(model=model, ref_model=ref, args=args,
+                                 train_dataset=Dataset.from_list(rows),
+                                 processing_class=loaded.tokenizer)
+            for callback in (PrinterCallback, ProgressCallback):
+                trainer.remove_callback(callback)
+            result = trainer.train()
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        trl_log.setLevel(trl_level)
+    n_good = sum(r["label"] for r in rows)
+    return {"samples": len(rows), "desirable": n_good, "undesirable": len(rows) - n_good,
+            "loss": float(result.training_loss), "steps": int(result.global_step),
+            "desirable_weight": desirable, "undesirable_weight": undesirable,
+            "dropped": len(kept) - len(rows)}

@@ -1,0 +1,255 @@
+"""``reinf bench speed``: how fast the loop is, as ratios measured in one run.
+
+For each model (``demo``: the configured model; ``0.5b``: a randomly initialised model of
+Qwen2.5-0.5B's shape, saved to a temporary directory so the trainer child can load it), a
+fresh process (``python -m reinf.benchspeed``, so peak memory is that model's own) measures:
+
+1. generation: time to first token and tokens/s of the engine against a bare
+   ``model.generate`` on the same prompts, and the adapter swap pause
+   (``reinf.speed.measure_generation``); then the process's peak RSS = **serving**;
+2. the chat while a real training round runs: ``rated turns`` replies are generated and
+   rated in a temporary data directory, then the daemon's ``ChildRunner`` trains on them
+   (niced, ``train_threads``) while this process keeps generating replies; their time to
+   first token and tokens/s are compared with the same replies on an idle machine. Only
+   replies that ran entirely inside the round's update phase count (the phase's end is the
+   run's ``finished_at``, its start ``update_seconds`` before). The child's peak RSS =
+   **training**;
+3. the PPO round against bare LoRA forward+backward on the same tokens
+   (``reinf.trainspeed.measure_round``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timezone
+from pathlib import Path
+from typing import Any
+
+MODELS = ("demo", "0.5b")
+PAUSE_SECONDS = 0.1  # between replies while the round runs: a person reads; the trainer runs
+
+
+def peak_rss(who: int = resource.RUSAGE_SELF) -> int:
+    """Peak resident set size in bytes (Linux reports KiB, macOS bytes)."""
+    value = resource.getrusage(who).ru_maxrss
+    return value if sys.platform == "darwin" else value * 1024
+
+
+def run_speed(config, models: list[str], *, turns: int = 64, turns_large: int = 8,
+              quick: bool = False, threads: int | None = None) -> dict[str, Any]:
+    """Measure each model in its own child process; returns the report (JSON-ready)."""
+    from reinf.errors import BadInput, ReinfError
+
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        raise BadInput(f"unknown model {bad[0] if bad else ''!r} for bench speed",
+                       fix="use --models demo, 0.5b or demo,0.5b")
+    results = []
+    for name in models:
+        argv = [sys.executable, "-m", "reinf.benchspeed", "--model", name, "--json",
+                "--turns", str(turns if name == "demo" else turns_large)]
+        argv += ["--quick"] * quick + (["--threads", str(threads)] if threads else [])
+        argv += ["--config", config.source] if config.source else []
+        env = dict(os.environ, HF_HUB_DISABLE_PROGRESS_BARS="1", REINF_HOME=str(config.data_dir))
+        print(f"[speed] {name}: measuring in a child process…", file=sys.stderr, flush=True)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise ReinfError(f"bench speed on {name} failed (exit code {proc.returncode})",
+                             fix="run `python -m reinf.benchspeed --model " + name +
+                                 "` to see the error")
+        results.append(json.loads(lines[-1]))
+    from reinf.speed import machine
+    return {"benchmark": "speed", "machine": machine(), "quick": quick, "models": results}
+
+
+def measure_model(config, name: str, *, turns: int, quick: bool) -> dict[str, Any]:
+    """Everything for one model, in this process (see the module docstring)."""
+    from reinf.modeling import load_model
+    from reinf.speed import machine, measure_generation
+    from reinf.trainspeed import measure_round
+
+    say = lambda text: print(f"[speed] {name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="reinf-speed-") as tmp:
+        cfg = config
+        if name == "0.5b":
+            say("building a random Qwen2.5-0.5B-shaped model…")
+            cfg = config.replace(model_path=save_shaped_model(config, Path(tmp) / "model"))
+        loaded = load_model(cfg)
+        say("generation and swap pause…")
+        gen = measure_generation(loaded, config=cfg, max_new_tokens=16 if quick else 32,
+                                 repeats=1 if quick else 2, swaps=2 if quick else 3)
+        rss_serving = peak_rss()
+        say(f"chat during a training round on {turns} rated turns…")
+        chat = measure_chat_during_round(cfg, loaded, Path(tmp) / "home", turns,
+                                         new_tokens=8 if quick else 16,
+                                         idle=4 if quick else 8)
+        rss_training = peak_rss(resource.RUSAGE_CHILDREN)
+        say(f"PPO round on {turns} turns against bare LoRA forward+backward…")
+        round_ = measure_round(cfg.replace(data_dir=str(Path(tmp) / "home")), n_samples=turns)
+    return {
+        "model": name, "model_name": gen["model"], "parameters": gen["parameters"],
+        "machine": machine(), "generation": {k: gen[k] for k in ("engine", "generate", "ratio",
+                                                                 "new_tokens", "runs",
+                                                                 "prompt_tokens")},
+        "swap": gen.get("swap"), "chat_while_training": chat,
+        "ppo_round": {k: round_[k] for k in (
+            "samples", "prompt_tokens", "reply_tokens", "batch_size", "ppo_epochs", "epochs_run",
+            "seconds_round", "seconds_bare_fwd_bwd", "ratio_round_to_bare", "threads",
+            "trainable_parameters")},
+        "memory": {"peak_rss_serving_bytes": rss_serving,
+                   "peak_rss_training_bytes": rss_training,
+                   "peak_rss_after_in_process_round_bytes": round_["peak_rss_bytes"]},
+    }
+
+
+def save_shaped_model(config, out: Path) -> str:
+    from transformers import AutoTokenizer
+
+    from reinf.config import demo_model_dir
+    from reinf.speed import build_shaped_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir(config)))
+    loaded = build_shaped_model(tokenizer)
+    loaded.model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    del loaded
+    return str(out)
+
+
+def measure_chat_during_round(cfg, loaded, home: Path, turns: int, *, new_tokens: int,
+                              idle: int) -> dict[str, Any]:
+    """Replies timed on an idle machine, then while the daemon's child trainer runs."""
+    from reinf.chat import ChatService
+    from reinf.config import load_config, render_yaml
+    from reinf.corpus import sample_prompts
+    from reinf.engine import Engine
+    from reinf.raters import load_rater
+    from reinf.store import Store
+    from reinf.worker import ChildRunner
+
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(render_yaml(cfg.replace(data_dir=str(home))), "utf-8")
+    cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
+    store = Store.open(cfg)
+    engine = Engine(loaded, cfg)
+    chat, rater = ChatService(engine, store, cfg), load_rater("prefers-terse")
+    for i, prompt in enumerate(sample_prompts(0, turns)):
+        turn = chat.send(prompt, seed=i, max_new_tokens=32)
+        store.rate(turn.id, rater(prompt, turn.reply))
+    prompts = sample_prompts(1, 8)
+    params = engine.generation_params(max_new_tokens=new_tokens)
+
+    def reply(i: int) -> dict[str, float]:
+        ids = engine.build_prompt([], prompts[i % len(prompts)], max_new_tokens=new_tokens)
+        start = time.time()
+        r = engine.stream_prompt(ids, {**params, "seed": i}, ignore_eos=True).wait()
+        return {"start": start, "end": time.time(), "ttft_ms": r.ttft_ms,
+                "tokens_per_s": len(r.reply_ids) / (r.latency_ms / 1000)}
+
+    reply(0)  # warm-up
+    quiet = [reply(i) for i in range(idle)]
+    runner = ChildRunner(cfg, store)
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(runner.run("bench", force=True)))
+    thread.start()
+    during, i = [], 0
+    while thread.is_alive():
+        during.append(reply(i))
+        i += 1
+        time.sleep(PAUSE_SECONDS)
+    thread.join()
+    result = outcome[0]
+    run = store.get_run(result.run_id) if result.run_id else None
+    store.close()
+    busy = []
+    if run is not None and run.finished_at is not None:
+        finished = run.finished_at
+        end = (finished if finished.tzinfo else finished.replace(tzinfo=timezone.utc)).timestamp()
+        begin = end - float(result.metrics.get("update_seconds") or 0.0)
+        busy = [r for r in during if r["start"] >= begin and r["end"] <= end]
+
+    def summary(rows):
+        return {"replies": len(rows),
+                "ttft_ms": statistics.median(r["ttft_ms"] for r in rows) if rows else None,
+                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows)
+                if rows else None}
+    a, b = summary(quiet), summary(busy)
+    return {"idle": a, "training": b, "during_round": summary(during),
+            "ratio_ttft": b["ttft_ms"] / a["ttft_ms"] if b["replies"] else None,
+            "ratio_tokens_per_s": b["tokens_per_s"] / a["tokens_per_s"] if b["replies"] else None,
+            "new_tokens": new_tokens, "round_status": result.status,
+            "round_seconds": result.seconds, "update_seconds": result.metrics.get("update_seconds"),
+            "rated_turns": turns, "train_nice": cfg.schedule.train_nice,
+            "train_threads": cfg.schedule.train_threads}
+
+
+def _gb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e9:.2f} GB"
+
+
+def format_speed(report: dict) -> str:
+    lines = [f"reinf bench speed{' (quick)' if report['quick'] else ''}",
+             f"  machine: {report['machine']}"]
+    for r in report["models"]:
+        g, s, c, p, m = (r["generation"], r.get("swap") or {}, r["chat_while_training"],
+                         r["ppo_round"], r["memory"])
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        lines += [
+            "", f"{r['model']}: {r['model_name']} ({r['parameters']:,} parameters)",
+            f"  time to first token   engine {g['engine']['ttft_ms']:.1f} ms, model.generate "
+            f"{g['generate']['ttft_ms']:.1f} ms: ratio {g['ratio']['ttft']:.2f}",
+            f"  tokens/s              engine {g['engine']['tokens_per_s']:.1f}, model.generate "
+            f"{g['generate']['tokens_per_s']:.1f}: ratio {g['ratio']['tokens_per_s']:.2f} "
+            f"({g['new_tokens']} new tokens, {g['runs']} runs)",
+            f"  hot-swap pause        new adapter {fmt(s.get('pause_ms_new_adapter'), '.1f')} ms, "
+            f"switch {fmt(s.get('pause_ms_switch'), '.2f')} ms, max "
+            f"{fmt(s.get('pause_ms_max'), '.1f')} ms",
+            f"  PPO round             {p['samples']} turns: {p['seconds_round']:.2f} s, bare LoRA "
+            f"fwd+bwd {p['seconds_bare_fwd_bwd']:.2f} s: ratio {p['ratio_round_to_bare']:.2f} "
+            f"({p['ppo_epochs']} epochs, batch {p['batch_size']}, {p['threads']} threads)",
+            f"  peak RSS              serving {_gb(m['peak_rss_serving_bytes'])}, training "
+            f"(trainer child) {_gb(m['peak_rss_training_bytes'])}",
+            f"  chat while training   time to first token {fmt(c['idle']['ttft_ms'], '.1f')} ms "
+            f"idle, {fmt(c['training']['ttft_ms'], '.1f')} ms training: ratio "
+            f"{fmt(c['ratio_ttft'], '.2f')}; tokens/s ratio {fmt(c['ratio_tokens_per_s'], '.2f')}",
+            f"                        ({c['training']['replies']} replies inside the update "
+            f"phase of a {c['rated_turns']}-turn round, {c['round_status']}, "
+            f"{fmt(c['round_seconds'], '.1f')} s; trainer nice {c['train_nice']}, threads "
+            f"{c['train_threads'] or 'default'})"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reinf.benchspeed",
+                                     description="One model's part of `reinf bench speed`.")
+    parser.add_argument("--model", choices=MODELS, default="demo")
+    parser.add_argument("--turns", type=int, default=64)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--config")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    import torch
+
+    from reinf.config import load_config
+
+    config = load_config(args.config)
+    threads = args.threads or config.schedule.train_threads
+    if threads:
+        torch.set_num_threads(threads)
+    result = measure_model(config, args.model, turns=args.turns, quick=args.quick)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

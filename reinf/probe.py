@@ -1,0 +1,159 @@
+"""What ``reinf bench learn`` measures about a policy besides its ratings.
+
+At the end of each window of ratings, the bench loads the active checkpoint beside a fresh
+copy of the base (``load_policy``) and measures, with no gradient:
+
+- **KL to the base**: the exact KL(policy || base) over the vocabulary at every reply
+  position of the probe replies (replies the current adapter sampled for fixed held-out
+  prompts with fixed seeds), per reply token, in nats, at their sampling temperature:
+  the trainer's own ``kl`` figure (``reinf.ppo.measure_kl``), on replies it never saw;
+- **perplexity** on the held-out slice of the demo corpus (``split_corpus``: prompts the
+  demo model was never trained on), on the assistant tokens only, at temperature 1: the
+  same figure the demo build reports (``heldout_perplexity``);
+- **predicted reward**: the value head at the last reply token, i.e. the hidden state that
+  has read the whole reply and predicts its final token. With gamma = 1 and a small KL
+  penalty, V there is the critic's estimate of the reply's reward; the value at the first
+  token sees only the prompt, so it can only predict the policy's average reward for that
+  prompt, not this reply's. ``spearman`` ranks it against the rater's ratings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from reinf.baselines import quiet
+
+HELDOUT_ITEMS = 200
+
+
+@dataclass
+class Heldout:
+    """Held-out corpus chats as PPO-style episodes (temperature 1), with their text."""
+    episodes: list[tuple]          # (prompt_ids, reply_ids, logprobs, 1.0, 0.0, 1.0)
+    prompts: list[str]
+    replies: list[str]
+
+
+def load_heldout(tokenizer, n: int = HELDOUT_ITEMS, seed: int = 0) -> Heldout:
+    """``n`` items spread evenly over the corpus's held-out slice, tokenized as the demo
+    build tokenizes them (chat template, assistant tokens are the reply)."""
+    from reinf.corpus import generate_corpus, split_corpus
+
+    _, held = split_corpus(generate_corpus(seed=seed), seed=seed)
+    step = max(1, len(held) // max(1, n))
+    items = held[::step][:n]
+    episodes, prompts, replies = [], [], []
+    for item in items:
+        chat = [{"role": "user", "content": item["prompt"]},
+                {"role": "assistant", "content": item["reply"]}]
+        enc = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+        if 1 not in mask:
+            continue
+        first, last = mask.index(1), len(mask) - 1 - mask[::-1].index(1)
+        reply = ids[first:last + 1]
+        episodes.append((ids[:first], reply, [0.0] * len(reply), 1.0, 0.0, 1.0))
+        prompts.append(item["prompt"])
+        replies.append(item["reply"])
+    return Heldout(episodes, prompts, replies)
+
+
+def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | None = None):
+    """A Policy for measuring: a copy of the base with the checkpoint's adapter and value
+    head, or the bare base (zero value head) when ``checkpoint_path`` is None. ``cache``
+    keeps the loaded base between calls (each call works on its own deep copy)."""
+    import copy
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from reinf.checkpoints import VALUE_HEAD
+    from reinf.modeling import load_model
+    from reinf.ppo import Policy, ValueHead
+
+    cache = {} if cache is None else cache
+    if "base_model" not in cache:
+        cache["base_model"] = load_model(config)
+    loaded = cache["base_model"]
+    model = copy.deepcopy(loaded.model).eval()
+    head = ValueHead(model.config.get_text_config().hidden_size)
+    if checkpoint_path is not None:
+        with quiet():
+            model = PeftModel.from_pretrained(model, str(checkpoint_path)).eval()
+        head.load_state_dict(load_file(str(Path(checkpoint_path) / VALUE_HEAD)))
+    return Policy(model, head.to(loaded.device))
+
+
+def measure_policy(policy, probe: Sequence[tuple], heldout: Heldout, *, adapter: bool,
+                   batch_size: int = 16) -> dict:
+    """KL per token on ``probe`` episodes, held-out perplexity (and each held-out reply's
+    NLL and token count, for perplexity on a subset), and the predicted reward of every
+    probe reply and held-out reply (value at the last reply token)."""
+    from reinf.ppo import build_rollout, evaluate, measure_kl, weighted_mean
+
+    device = next(policy.model.parameters()).device
+    out: dict = {}
+    with torch.no_grad():
+        policy.model.eval()
+        if probe:
+            b = build_rollout(probe, device)
+            kl = measure_kl(policy, b, batch_size) if adapter else torch.zeros_like(b.mask)
+            out["kl"] = float(weighted_mean(kl, b.mask, torch.ones_like(b.weights)))
+            _, values = evaluate(policy, b, batch_size)
+            out["probe_values"] = last_values(values, b.mask)
+        b = build_rollout(heldout.episodes, device)
+        logp, values = evaluate(policy, b, batch_size)
+        out["perplexity"] = math.exp(-float((logp * b.mask).sum() / b.mask.sum()))
+        out["heldout_nll"] = [float(x) for x in -(logp * b.mask).sum(1)]      # (B,) per reply
+        out["heldout_tokens"] = [int(x) for x in b.mask.sum(1)]
+        out["heldout_values"] = last_values(values, b.mask)
+    return out
+
+
+def subset_perplexity(nll: Sequence[float], tokens: Sequence[int],
+                      keep: Sequence[bool]) -> float | None:
+    """Perplexity over the rows where ``keep`` is true (per token, as ``perplexity``)."""
+    total = sum(n for n, k in zip(nll, keep) if k)
+    count = sum(t for t, k in zip(tokens, keep) if k)
+    return math.exp(total / count) if count else None
+
+
+def last_values(values: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    """values (B, T) at each row's last real reply token -> B floats."""
+    last = (mask.sum(1).long() - 1).clamp_min(0)
+    return [float(v) for v in values[torch.arange(len(last)), last]]
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (ties get their average rank); None when either side is
+    constant or there are fewer than 3 pairs (it is undefined then)."""
+    if len(x) != len(y) or len(x) < 3:
+        return None
+    rx, ry = rank(x), rank(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def rank(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing the mean of their positions (as scipy's rankdata)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
