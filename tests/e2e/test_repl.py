@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -40,9 +41,17 @@ def open_store(home) -> Store:
     return Store.open(load_config(environ={"REINF_HOME": str(home)}))
 
 
+def default_sigint() -> None:
+    # As from a terminal. A shell starts background jobs with SIGINT ignored, and an ignored
+    # signal stays ignored across exec (Python then leaves it so): a suite run with `&`
+    # would hand that to the chat, and Ctrl-C would never arrive.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn_chat(home, env, tmp_path):
     child = pexpect.spawn(REINF[0], REINF[1:] + ["chat"], env=env, cwd=str(tmp_path),
-                          encoding="utf-8", timeout=120, dimensions=(40, 200))
+                          encoding="utf-8", timeout=120, dimensions=(40, 200),
+                          preexec_fn=default_sigint)
     child.expect_exact(USER_PROMPT)
     return child
 
