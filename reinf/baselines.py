@@ -126,12 +126,9 @@ class BaselineRunner:
             root, ckpt_id, model=model, value_head=ValueHead(hidden),
             state={"version": 1, "round": round_no, "baseline": self.kind},
             metrics={**metrics, "checkpoint_id": ckpt_id, "run_id": run_id})
-        clean = checkpoints.jsonable(metrics)
-        store.add_checkpoint(ckpt_id, str(path), parent_id=parent, run_id=run_id, metrics=clean)
-        store.activate_checkpoint(ckpt_id)
-        checkpoints.apply_retention(store, root, config.ppo.keep_best)
-        store.finish_run(run_id, "succeeded", metrics=clean, samples=metrics["samples"],
-                         checkpoint_id=ckpt_id)
+        from reinf.trainer import promote
+        promote(config, store, run_id, ckpt_id, path, parent_id=parent, metrics=metrics,
+                samples=metrics["samples"])
         return Outcome("succeeded", f"{self.kind} round {round_no}: checkpoint {ckpt_id}",
                        run_id=run_id, checkpoint_id=ckpt_id, metrics=metrics)
 

@@ -132,7 +132,6 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
         runner = ChildRunner(cfg, store)
     else:
         runner = InlineRunner(cfg, store)
-    from reinf.chat import ChatService
     return Context(method, cfg, store, engine, ChatService(engine, store, cfg), runner, home)
 
 

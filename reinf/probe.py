@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from reinf.baselines import quiet
+from reinf.modeling import quiet_peft
 
 HELDOUT_ITEMS = 200
 
@@ -83,7 +83,7 @@ def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | Non
     model = copy.deepcopy(loaded.model).eval()
     head = ValueHead(model.config.get_text_config().hidden_size)
     if checkpoint_path is not None:
-        with quiet():
+        with quiet_peft():
             model = PeftModel.from_pretrained(model, str(checkpoint_path)).eval()
         head.load_state_dict(load_file(str(Path(checkpoint_path) / VALUE_HEAD)))
     return Policy(model, head.to(loaded.device))

@@ -163,23 +163,34 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                                         value_head=session.policy.value_head, state=state,
                                         metrics={**metrics, **lineage})
     metrics["seconds"] = time.perf_counter() - started
-    clean = checkpoints.jsonable(metrics)
-    store.add_checkpoint(ckpt_id, str(path), parent_id=session.parent_id, run_id=run_id,
-                         metrics=clean, status="promoted")
-    store.activate_checkpoint(ckpt_id)
-    try:
-        deleted = checkpoints.apply_retention(store, root, config.ppo.keep_best)
-    except OSError as exc:  # the round itself succeeded; old files can go next time
-        deleted = []
-        metrics["warnings"].append(f"retention could not remove old checkpoints: {exc}")
-        clean = checkpoints.jsonable(metrics)
-    store.finish_run(run_id, "succeeded", metrics=clean, samples=len(b), checkpoint_id=ckpt_id)
-    log.info("round %s: checkpoint %s active; retention removed %s", counters["round"], ckpt_id,
-             deleted or "nothing")
+    promote(config, store, run_id, ckpt_id, path, parent_id=session.parent_id,
+            metrics=metrics, samples=len(b))
     return RoundResult(run_id, "succeeded", metrics, ckpt_id,
                        f"round {counters['round']}: checkpoint {ckpt_id} is active "
                        f"({len(b)} samples, reward_mean {metrics['reward_mean']:.3f}, "
                        f"kl {metrics['kl']:.4f}/token, {metrics['seconds']:.1f} s)")
+
+
+def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: str | None,
+            metrics: dict[str, Any], samples: int) -> None:
+    """Record a written checkpoint, make it active, apply retention and finish the run as
+    succeeded (the trainer's rounds and the benchmark's baselines end the same way)."""
+    clean = checkpoints.jsonable(metrics)
+    store.add_checkpoint(ckpt_id, str(path), parent_id=parent_id, run_id=run_id,
+                         metrics=clean, status="promoted")
+    store.activate_checkpoint(ckpt_id)
+    try:
+        deleted = checkpoints.apply_retention(store, checkpoints.root_dir(config),
+                                              config.ppo.keep_best)
+    except OSError as exc:  # the round itself succeeded; old files can go next time
+        deleted = []
+        metrics.setdefault("warnings", []).append(
+            f"retention could not remove old checkpoints: {exc}")
+        clean = checkpoints.jsonable(metrics)
+    store.finish_run(run_id, "succeeded", metrics=clean, samples=samples,
+                     checkpoint_id=ckpt_id)
+    log.info("run %s: checkpoint %s active; retention removed %s", run_id, ckpt_id,
+             deleted or "nothing")
 
 
 def gate(metrics: dict[str, Any], kl_max: float) -> str | None:
