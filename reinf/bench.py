@@ -69,7 +69,8 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
         raise BadInput("ratings, window and probe must be at least 1")
     unknown = [m for m in plan.methods if m not in METHODS]
     if unknown:
-        raise BadInput(f"unknown method {unknown[0]!r}", fix="use " + ", ".join(METHODS))
+        raise BadInput(f"unknown baseline {unknown[0]!r}",
+                       fix="--baselines takes sft, kto, sft,kto or none")
     if "kto" in plan.methods:
         from reinf.baselines import check_trl
         check_trl()
