@@ -265,7 +265,7 @@ class Daemon:
 # --- start-up ------------------------------------------------------------------------------
 
 def is_loadable(path: str | Path) -> bool:
-    from reinf.checkpoints import is_complete  # imports torch; only servers and trainers
+    from reinf.training.checkpoints import is_complete  # imports torch; only servers and trainers
 
     return is_complete(Path(path))
 

@@ -4,7 +4,7 @@
 file gets INFO and up (DEBUG with ``--debug``), including every stderr line of the child
 trainer; the terminal gets WARNING and up (INFO with ``--debug``). Only the server writes
 this file: a rotating handler in two processes would rename the file under the other.
-The trainer's tracebacks go to ``logs/trainer.log`` (reinf.trainer).
+The trainer's tracebacks go to ``logs/trainer.log`` (reinf.training.trainer).
 """
 from __future__ import annotations
 

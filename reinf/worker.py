@@ -1,4 +1,4 @@
-"""The child trainer: spawn ``python -m reinf.trainer``, watch it, and say how it ended.
+"""The child trainer: spawn ``python -m reinf.training.trainer``, watch it, and say how it ended.
 
 A round runs in its own process so that a crash, an out-of-memory kill or a hung reward
 hook never takes the chat down, and so that its memory goes back to the system. The
@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 from reinf.lock import RETRY_SECONDS, acquire_train_lock, read_info, train_lock_path
 
 log = logging.getLogger("reinf.worker")
-child_log = logging.getLogger("reinf.trainer.child")
+child_log = logging.getLogger("reinf.training.trainer.child")
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 5.0
@@ -69,7 +69,7 @@ class Outcome:
 
 def build_command(trigger: str, force: bool = False, *,
                   config_file: str | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "reinf.trainer", "--json", "--no-progress", "--trigger", trigger]
+    cmd = [sys.executable, "-m", "reinf.training.trainer", "--json", "--no-progress", "--trigger", trigger]
     if config_file:
         cmd += ["--config", config_file]
     return cmd + (["--force"] if force else [])

@@ -2,7 +2,7 @@
 
 With a daemon (``reinf serve`` with its scheduler) every action goes to it. Without
 one — tests, or a server started with the app factory alone — "Train now" runs
-``reinf.trainer.train_round`` on a background thread, one round at a time, and a
+``reinf.training.trainer.train_round`` on a background thread, one round at a time, and a
 rollback updates the store and asks the engine to swap adapters between replies.
 """
 from __future__ import annotations
@@ -125,11 +125,11 @@ class Control:
 
 def load_train_round():
     try:
-        from reinf.trainer import train_round
+        from reinf.training.trainer import train_round
     except ImportError as exc:
-        if exc.name == "reinf.trainer":
+        if exc.name == "reinf.training.trainer":
             raise NotAvailable("training not available yet",
-                               fix="this build has no trainer (reinf.trainer)") from None
+                               fix="this build has no trainer (reinf.training.trainer)") from None
         raise NotAvailable(f"training cannot start: {exc}",
                            fix="install Reinf's dependencies (pip install -e .)") from None
     return train_round

@@ -62,8 +62,8 @@ def learn(app, rater, ratings, train_after, seed, model_path, baselines, window,
     perplexity; the ratings and time to reach --target; and the value head's reward
     consistency. Progress goes to stderr.
     """
-    from reinf.bench import LearnPlan, run_learn
-    from reinf.benchplot import format_table, save_plot
+    from reinf.bench.learn import LearnPlan, run_learn
+    from reinf.bench.plot import format_table, save_plot
 
     app.override(model_path=model_path)
     config = app.config
@@ -98,7 +98,7 @@ def speed(ctx, models, turns, turns_large, quick, threads, as_json):
 
     Each model is measured in its own process, so peak memory is its own.
     """
-    from reinf.benchspeed import format_speed, run_speed
+    from reinf.bench.speed import format_speed, run_speed
 
     app = ctx.obj
     if quick and ctx.get_parameter_source("models") == click.core.ParameterSource.DEFAULT:

@@ -40,7 +40,7 @@ def init(app, skip_model, as_json):
     model_built = False
     if cfg.model.model_path == DEMO_MODEL and not (Path(model_path) / "config.json").exists() \
             and not skip_model:
-        from reinf.demo import build_demo_model
+        from reinf.demo.build import build_demo_model
 
         click.echo(f"building the demo model in {model_path} (about a minute)…", err=True)
         build_demo_model(Path(model_path), progress=not as_json)

@@ -15,7 +15,7 @@ import time
 import click
 
 from reinf.cli.common import emit, json_option
-from reinf.trainer import (EXIT_FAILED, EXIT_HOOK, EXIT_MODEL, EXIT_NOTHING, EXIT_REJECTED,
+from reinf.training.trainer import (EXIT_FAILED, EXIT_HOOK, EXIT_MODEL, EXIT_NOTHING, EXIT_REJECTED,
                            EXIT_SUCCEEDED)
 
 # The daemon's reconcile job and a starting server hold the train lock for a moment.
@@ -68,7 +68,7 @@ def train_here(app, *, force: bool, progress: bool):
     """One round in this process -> (exit code, payload, error)."""
     from reinf.errors import Conflict
     from reinf.lock import acquire_train_lock, read_info, train_lock_path
-    from reinf.trainer import ProgressBar, apply_process_settings, run_once
+    from reinf.training.trainer import ProgressBar, apply_process_settings, run_once
 
     config, store = app.config, app.store
     deadline = time.monotonic() + LOCK_RETRY_SECONDS
@@ -93,7 +93,7 @@ def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
     """Ask the running server for a round and wait for it -> (exit code, payload, error)."""
     from reinf.errors import Conflict, ReinfError
     from reinf.remote import request_train
-    from reinf.trainer import NothingToTrain
+    from reinf.training.trainer import NothingToTrain
 
     if not quiet:
         click.echo(f"reinf serve (pid {daemon['pid']}) uses this data directory: the round "

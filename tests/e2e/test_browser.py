@@ -33,7 +33,7 @@ def build_driver(user_data_dir: Path, width: int = 1280, height: int = 900):
             pytest.skip("REINF_SKIP_BROWSER=1 and no Chromium installed")
         pytest.fail(f"the browser test needs {CHROMIUM} and {CHROMEDRIVER}: "
                     "apt-get install -y chromium chromium-driver (or set REINF_SKIP_BROWSER=1)")
-    from webui.screenshots import build_driver as start_chromium
+    from reinf.bench.screenshots import build_driver as start_chromium
 
     return start_chromium(user_data_dir, width=width, height=height, chromium=CHROMIUM,
                           chromedriver=CHROMEDRIVER)

@@ -10,12 +10,12 @@ from safetensors.torch import load_file
 
 import trainkit as tk
 from conftest import REPO, clean_env
-from reinf import checkpoints
+from reinf.training import checkpoints
 from reinf.errors import TrainingError
-from reinf.ppo import ValueHead
+from reinf.training.ppo import ValueHead
 from reinf.store import Store
-from reinf.session import build_session
-from reinf.trainer import train_round
+from reinf.training.session import build_session
+from reinf.training.trainer import train_round
 
 pytestmark = pytest.mark.e2e
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
@@ -104,9 +104,9 @@ CRASHING_CHILD = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path[:0] = [{tests!r}, {e2e!r}]
     import trainkit as tk
-    from reinf import checkpoints
+    from reinf.training import checkpoints
     from reinf.store import Store
-    from reinf.trainer import train_round
+    from reinf.training.trainer import train_round
 
     def die(tmp, final):  # killed after every file is written, before the rename
         os.kill(os.getpid(), signal.SIGKILL)

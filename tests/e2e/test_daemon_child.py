@@ -1,4 +1,4 @@
-"""The daemon with the real child trainer (``python -m reinf.trainer``) and the real engine,
+"""The daemon with the real child trainer (``python -m reinf.training.trainer``) and the real engine,
 on a tiny random model: a round is swapped in, and a hung reward hook is killed while
 chat goes on."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ from reinf.config import load_config
 from reinf.store import Store
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(importlib.util.find_spec("reinf.trainer") is None,
-                                 reason="reinf/trainer.py (the child entry point) has not "
+              pytest.mark.skipif(importlib.util.find_spec("reinf.training.trainer") is None,
+                                 reason="reinf/training/trainer.py (the child entry point) has not "
                                         "landed yet")]
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
 
@@ -94,7 +94,7 @@ def wait_result(daemon, timeout: float) -> dict:
 
 
 def test_a_real_round_is_swapped_into_the_engine(parts):
-    from reinf.checkpoints import is_complete
+    from reinf.training.checkpoints import is_complete
 
     config, store, engine, daemon = parts()
     assert engine.generate([], "hello").checkpoint_id is None

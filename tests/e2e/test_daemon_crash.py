@@ -16,7 +16,7 @@ import requests
 
 from daemonkit import (is_alive, needs_demo, read_db, servers,  # noqa: F401 - a fixture
                        wait_for, write_config, write_gated_config)
-from reinf.checkpoints import is_complete
+from reinf.training.checkpoints import is_complete
 from reinf.lock import is_held
 
 pytestmark = [pytest.mark.e2e, needs_demo]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinf import demo
-from reinf.corpus import detect_styles, sample_prompts
-from reinf.demo import DEMO_NAME, DemoConfig, build_demo_model
+from reinf.demo import build as demo
+from reinf.demo.corpus import detect_styles, sample_prompts
+from reinf.demo.build import DEMO_NAME, DemoConfig, build_demo_model
 
 pytestmark = pytest.mark.e2e
 
@@ -78,7 +78,7 @@ def test_failed_build_keeps_the_previous_model(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def committed():
     if not (COMMITTED / "model.safetensors").is_file():
-        pytest.fail(f"no demo model at {COMMITTED}; build it with `python -m reinf.demo`")
+        pytest.fail(f"no demo model at {COMMITTED}; build it with `python -m reinf.demo.build`")
     return _load(COMMITTED)
 
 

@@ -342,7 +342,7 @@ def test_the_demo_model_chats_with_faithful_logprobs(config):
 # --- the speed measurement (what `reinf bench speed` builds on) --------------------------------
 
 def test_measure_generation_reports_every_figure(models, config):
-    from reinf.speed import format_result, measure_generation
+    from reinf.bench.generation import format_result, measure_generation
 
     loaded = load_model(config.replace(model_path=str(models["tiny"])))
     result = measure_generation(loaded, ["Hello", "Why is the sky blue?"], config=config,

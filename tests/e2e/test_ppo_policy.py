@@ -5,7 +5,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 import trainkit as tk
-from reinf.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, train_policy,
+from reinf.training.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, train_policy,
                        update_mode)
 
 pytestmark = pytest.mark.e2e
@@ -135,8 +135,8 @@ def test_engine_replies_reproduce_their_logprobs_in_the_trainer(home, model_dir)
     from reinf.chat import ChatService
     from reinf.engine import Engine
     from reinf.store import Store
-    from reinf.session import build_session, select_episodes
-    from reinf.trainer import train_round
+    from reinf.training.session import build_session, select_episodes
+    from reinf.training.trainer import train_round
 
     config = tk.train_config(home, model_dir, temperature=0.7, max_new_tokens=8, top_p=0.9)
     store = Store.open(config)
@@ -216,7 +216,7 @@ def test_unusable_samples_are_skipped_and_counted(model_dir):
     from types import SimpleNamespace
 
     from reinf.records import Sample
-    from reinf.session import select_episodes
+    from reinf.training.session import select_episodes
 
     policy = build_policy(model_dir)
     session = SimpleNamespace(loaded=SimpleNamespace(model=policy.model.get_base_model(),

@@ -152,7 +152,7 @@ def test_once_json_continues_a_conversation(tiny, home, tmp_path):
 
 def test_standalone_chat_serves_the_active_checkpoint(tiny, home, tmp_path):
     """Without a server, `reinf chat` loads the adapter the ratings trained, not the base."""
-    from reinf.checkpoints import REQUIRED
+    from reinf.training.checkpoints import REQUIRED
 
     store = open_store(home)
     ckpt = make_adapter(tiny, home / "checkpoints" / "r0001-test", seed=3)

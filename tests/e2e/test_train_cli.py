@@ -1,4 +1,4 @@
-"""`reinf train` and `python -m reinf.trainer`: messages, --json, exit codes."""
+"""`reinf train` and `python -m reinf.training.trainer`: messages, --json, exit codes."""
 import json
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import trainkit as tk
 from conftest import REPO, clean_env
 from reinf.config import load_config
 from reinf.store import Store
-from reinf.trainer import EXIT_HOOK, EXIT_MODEL, EXIT_NOTHING, EXIT_REJECTED, EXIT_SUCCEEDED
+from reinf.training.trainer import EXIT_HOOK, EXIT_MODEL, EXIT_NOTHING, EXIT_REJECTED, EXIT_SUCCEEDED
 
 pytestmark = pytest.mark.e2e
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
@@ -99,7 +99,7 @@ def test_child_process_same_behaviour(home, model_dir):
     config = write_config(home, model_dir)
     add_turns(config, model_dir)
     env = clean_env(home, REINF_TRAIN_THREADS="1")
-    cmd = [sys.executable, "-m", "reinf.trainer", "--json", "--trigger", "schedule"]
+    cmd = [sys.executable, "-m", "reinf.training.trainer", "--json", "--trigger", "schedule"]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == EXIT_SUCCEEDED, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import trainkit as tk
-from reinf import checkpoints
+from reinf.training import checkpoints
 from reinf.errors import BadInput, HookError, ModelError
 from reinf.store import Store
-from reinf.session import build_session
-from reinf.trainer import NothingToTrain, train_round
+from reinf.training.session import build_session
+from reinf.training.trainer import NothingToTrain, train_round
 
 pytestmark = pytest.mark.e2e
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)

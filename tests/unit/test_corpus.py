@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from reinf import corpus
-from reinf.corpus import (
+from reinf.demo import corpus
+from reinf.demo.corpus import (
     KINDS,
     STYLE_COMBOS,
     detect_styles,

@@ -55,3 +55,42 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in out and "torch==2.13.0" in out
     # torch is pinned before anything that depends on it, so CI never pulls CUDA wheels
     assert out.index("torch==2.13.0") < out.index("-e")
+
+
+def _imports(path) -> set[str]:
+    """Every module a source file imports, at any depth (lazy imports inside functions too)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_core_never_imports_the_benchmarks():
+    """reinf.bench is measuring tooling: only `reinf bench` (cli/bench.py) may reach it, so
+    the product core, the trainer, the demo build and the web app never depend on it."""
+    core = [p for p in sorted((PROJECT_ROOT / "reinf").rglob("*.py"))
+            if "bench" not in p.relative_to(PROJECT_ROOT / "reinf").parts
+            and p != PROJECT_ROOT / "reinf" / "cli" / "bench.py"]
+    core += sorted((PROJECT_ROOT / "webui").rglob("*.py"))
+    assert len(core) > 30, "the walk found too few modules to mean anything"
+    offenders = {str(p.relative_to(PROJECT_ROOT)): sorted(n for n in _imports(p)
+                                                         if n.startswith("reinf.bench"))
+                 for p in core}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_the_core_never_imports_the_web_app():
+    """Only `reinf serve` (cli/serve.py) starts the web app; nothing else in reinf reaches it."""
+    core = sorted((PROJECT_ROOT / "reinf").rglob("*.py"))
+    core = [p for p in core if "bench" not in p.relative_to(PROJECT_ROOT / "reinf").parts
+            and p != PROJECT_ROOT / "reinf" / "cli" / "serve.py"]
+    offenders = {str(p.relative_to(PROJECT_ROOT)): sorted(n for n in _imports(p)
+                                                         if n == "webui" or n.startswith("webui."))
+                 for p in core}
+    assert not {k: v for k, v in offenders.items() if v}

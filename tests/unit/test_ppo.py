@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from reinf.ppo import (KLController, RunningMoments, ValueHead, approx_kl, build_rollout,
+from reinf.training.ppo import (KLController, RunningMoments, ValueHead, approx_kl, build_rollout,
                        build_token_rewards, compute_gae, explained_variance, policy_loss,
                        value_loss, weighted_mean, whiten)
 

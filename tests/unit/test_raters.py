@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from reinf.bench import ratings_to_target
-from reinf.baselines import build_kto_rows, kto_weights
-from reinf.benchplot import build_svg
-from reinf.corpus import detect_styles, generate_corpus
+from reinf.bench.learn import ratings_to_target
+from reinf.bench.baselines import build_kto_rows, kto_weights
+from reinf.bench.plot import build_svg
+from reinf.demo.corpus import detect_styles, generate_corpus
 from reinf.errors import BadInput
-from reinf.probe import rank, spearman
-from reinf.raters import NAMES, check_rating, load_rater
+from reinf.bench.probe import rank, spearman
+from reinf.bench.raters import NAMES, check_rating, load_rater
 
 
 @pytest.fixture(scope="module")

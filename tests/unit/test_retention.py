@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from reinf import checkpoints
+from reinf.training import checkpoints
 
 
 def fake_checkpoint(root, name, complete=True):

@@ -323,7 +323,7 @@ def test_train_now_runs_one_round_at_a_time(client, monkeypatch, store):
 def test_train_without_a_trainer_is_501(client, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "reinf.trainer", None)  # import fails
+    monkeypatch.setitem(sys.modules, "reinf.training.trainer", None)  # import fails
     r = client.post("/api/train")
     assert r.status_code == 501 and r.get_json()["error"] == "training not available yet"
 

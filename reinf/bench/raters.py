@@ -1,6 +1,6 @@
 """Simulated raters for ``reinf bench learn``: ``(prompt, reply) -> int`` in 1..5.
 
-The built-in raters read a reply's style with ``reinf.corpus.detect_styles`` (the demo
+The built-in raters read a reply's style with ``reinf.demo.corpus.detect_styles`` (the demo
 corpus's three style dimensions, documented in models/README.md) and give 5 to a reply in
 the preferred style and 1 to any other, so the mean rating of a window is
 ``1 + 4 x (share of preferred replies)``:
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from reinf.corpus import detect_styles
+from reinf.demo.corpus import detect_styles
 from reinf.errors import BadInput
 
 RaterFn = Callable[[str, str], int]

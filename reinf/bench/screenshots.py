@@ -1,6 +1,6 @@
 """Screenshots of the chat, history and training pages from a real run on the demo model.
 
-    python -m webui.screenshots [--out docs/screenshots] [--model reinf-demo]
+    python -m reinf.bench.screenshots [--out docs/screenshots] [--model reinf-demo]
 
 It starts the whole server in this process (engine, ChatService, daemon with its
 scheduler and child trainer, waitress on a free loopback port) with a fresh data
@@ -49,7 +49,7 @@ def build_driver(user_data_dir: Path, *, width: int = 1280, height: int = 860,
 
 def rate_like_a_person(reply: str) -> tuple[int, list[str]]:
     """Someone who likes short, plain answers without a closing question."""
-    from reinf.corpus import detect_styles
+    from reinf.demo.corpus import detect_styles
 
     styles = detect_styles(reply)
     score = 3 + (1 if styles["length"] == "terse" else -1) + \
@@ -144,7 +144,7 @@ def wait_for_runs(store, n: int, timeout: float = 900) -> None:
 def take(out: Path, model: str, home: Path) -> list[Path]:
     from reinf.chat import ChatService
     from reinf.config import DEMO_MODEL, load_config, render_yaml, resolve_model_path
-    from reinf.corpus import sample_prompts
+    from reinf.demo.corpus import sample_prompts
     from reinf.daemon import Daemon
     from reinf.engine import Engine
     from reinf.store import Store
@@ -158,7 +158,7 @@ def take(out: Path, model: str, home: Path) -> list[Path]:
                                                    overrides={"model_path": model})))
     config = load_config(config_file, environ=environ)
     if model == DEMO_MODEL and not (Path(resolve_model_path(config)) / "config.json").exists():
-        from reinf.demo import build_demo_model
+        from reinf.demo.build import build_demo_model
 
         print(f"building the demo model in {resolve_model_path(config)} …", file=sys.stderr)
         build_demo_model(Path(resolve_model_path(config)))
@@ -223,7 +223,7 @@ def take(out: Path, model: str, home: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m webui.screenshots", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m reinf.bench.screenshots", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="docs/screenshots", help="where the PNGs go")
     parser.add_argument("--model", default="reinf-demo", help="model_path to serve")

@@ -1,9 +1,9 @@
 """``reinf bench learn``: does rating really teach it, and how fast?
 
-The whole loop runs with a simulated rater (``reinf.raters``), through the daemon's code:
+The whole loop runs with a simulated rater (``reinf.bench.raters``), through the daemon's code:
 ``ChatService`` + ``Engine`` generate and store each turn, ``Store.rate`` records the
 rating, ``reinf.scheduler.run_job`` runs a round as soon as ``train_after`` new ratings
-wait (the daemon's ratings trigger, ``min_waiting``), the round is ``reinf.trainer``'s
+wait (the daemon's ratings trigger, ``min_waiting``), the round is ``reinf.training.trainer``'s
 (``run_once`` -> ``train_round``, promotion gate included) and a promoted checkpoint is
 hot-swapped with ``engine.request_swap``, as ``Daemon._adopt`` does. Two differences from
 ``reinf serve``, both for speed and determinism: the round runs in this process
@@ -11,7 +11,7 @@ hot-swapped with ``engine.request_swap``, as ``Daemon._adopt`` does. Two differe
 chat waits for it (in the daemon, replies keep coming from the old adapter meanwhile).
 
 **The identical rating stream.** Every method (Reinf's PPO and each baseline,
-``reinf.baselines``) starts from the same base model in its own temporary data directory
+``reinf.bench.baselines``) starts from the same base model in its own temporary data directory
 and gets the same prompts (``sample_prompts(seed, ratings)``), the same sampling seed for
 the i-th reply, the same rater (a fresh instance: the noisy rater flips the same rating
 positions), and the same schedule (a round after every ``train_after`` ratings). Each
@@ -21,7 +21,7 @@ replies and ratings.
 
 Each window of ``window`` ratings reports the mean rating and the share of replies in the
 preferred style, and at its end (not counted in the loop's time) the measurements of
-``reinf.probe``: KL to the base on probe replies, held-out perplexity, and for PPO the
+``reinf.bench.probe``: KL to the base on probe replies, held-out perplexity, and for PPO the
 value head's reward consistency (Spearman against held-out ratings).
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def say(text: str) -> None:
 
 def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say) -> dict:
     """Run every method of ``plan`` on the same stream; returns the report (JSON-ready)."""
-    from reinf.raters import load_rater
+    from reinf.bench.raters import load_rater
 
     if plan.ratings < 1 or plan.window < 1 or plan.probe < 1:
         raise BadInput("ratings, window and probe must be at least 1")
@@ -72,7 +72,7 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
         raise BadInput(f"unknown baseline {unknown[0]!r}",
                        fix="--baselines takes sft, kto, sft,kto or none")
     if "kto" in plan.methods:
-        from reinf.baselines import check_trl
+        from reinf.bench.baselines import check_trl
         check_trl()
     rater = load_rater(plan.rater, seed=plan.seed)
     k = plan.train_after or config.schedule.train_after_ratings
@@ -85,7 +85,7 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     for method in plan.methods:
         progress(f"[{method}] {METHODS[method]}: {plan.ratings} ratings, a round every {k}")
         results[method] = run_method(method, config, plan, k, shared, progress)
-    from reinf.speed import machine
+    from reinf.bench.generation import machine
     report = {
         "benchmark": "learn", "rater": {"name": rater.name, "description": rater.description},
         "plan": {**asdict(plan), "train_after": k}, "machine": machine(),
@@ -126,7 +126,7 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
     store = Store.open(cfg)
     engine = Engine.load(cfg)
     if method != "reinf":
-        from reinf.baselines import BaselineRunner
+        from reinf.bench.baselines import BaselineRunner
         runner = BaselineRunner(method, cfg, store)
     elif plan.child:
         from reinf.worker import ChildRunner
@@ -137,7 +137,7 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
 
 
 class InlineRunner:
-    """ChildRunner's interface in this process: ``reinf.trainer.run_once`` under the train
+    """ChildRunner's interface in this process: ``reinf.training.trainer.run_once`` under the train
     lock, its JSON result read back by the daemon's own ``reinf.worker.interpret``."""
 
     def __init__(self, config, store):
@@ -145,7 +145,7 @@ class InlineRunner:
 
     def run(self, trigger: str, *, force: bool = False):
         from reinf.lock import acquire_train_lock
-        from reinf.trainer import run_once
+        from reinf.training.trainer import run_once
         from reinf.worker import Outcome, interpret
 
         started = time.monotonic()
@@ -176,8 +176,8 @@ def run_method(method: str, config, plan: LearnPlan, k: int, shared: dict,
 
     import torch
 
-    from reinf.corpus import sample_prompts
-    from reinf.raters import load_rater
+    from reinf.demo.corpus import sample_prompts
+    from reinf.bench.raters import load_rater
     from reinf.scheduler import run_job, utcnow
 
     torch.manual_seed(plan.seed)
@@ -248,9 +248,9 @@ def run_method(method: str, config, plan: LearnPlan, k: int, shared: dict,
 def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
     """What every method measures against: held-out corpus items and their ratings, probe
     prompts, and the model's name."""
-    from reinf.corpus import sample_prompts
-    from reinf.probe import load_heldout
-    from reinf.raters import load_rater
+    from reinf.demo.corpus import sample_prompts
+    from reinf.bench.probe import load_heldout
+    from reinf.bench.raters import load_rater
 
     heldout = load_heldout(ctx.engine.tokenizer, plan.heldout)
     judge = load_rater(plan.rater, seed=plan.seed + 2)  # its own stream: held-out ratings
@@ -266,9 +266,9 @@ def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
 def evaluate(ctx: Context, plan: LearnPlan, shared: dict, n_probe: int, *,
              base: bool = False) -> dict:
     """Probe replies from the live engine, rated by a held-out rater; then KL, perplexity
-    and predicted rewards from the active checkpoint (reinf.probe)."""
-    from reinf.probe import load_policy, measure_policy, spearman, subset_perplexity
-    from reinf.raters import load_rater
+    and predicted rewards from the active checkpoint (reinf.bench.probe)."""
+    from reinf.bench.probe import load_policy, measure_policy, spearman, subset_perplexity
+    from reinf.bench.raters import load_rater
 
     judge = load_rater(plan.rater, seed=plan.seed + 1)
     replies, scores, good = [], [], []

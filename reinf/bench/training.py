@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from reinf import checkpoints
-from reinf.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, evaluate,
+from reinf.training import checkpoints
+from reinf.training.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, evaluate,
                        train_policy, update_mode)
 
 
@@ -42,7 +42,7 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
     from peft import LoraConfig, get_peft_model
 
     from reinf.modeling import quiet_peft
-    from reinf.session import load_base, prepare_for_training, resolve_train_device
+    from reinf.training.session import load_base, prepare_for_training, resolve_train_device
 
     if loaded is None:
         loaded = load_base(config, resolve_train_device(config)[0])
@@ -159,7 +159,7 @@ def build_random_model(name: str = "qwen2.5-0.5b", dtype: torch.dtype = torch.fl
                            quantization="none", name=f"random {name}", warnings=[])
 
 
-if __name__ == "__main__":  # python -m reinf.trainspeed [demo|qwen2.5-0.5b]
+if __name__ == "__main__":  # python -m reinf.bench.training [demo|qwen2.5-0.5b]
     import json
 
     from reinf.config import load_config

@@ -4,8 +4,8 @@ the adapter swap pause. ``reinf bench speed`` builds on ``measure_generation``.
 Every figure comes from one run on one machine, so the ratios are what to compare across
 machines; the absolute times are only meaningful with the machine named beside them.
 
-    python -m reinf.speed --model reinf-demo
-    python -m reinf.speed --model qwen2.5-0.5b-shape --tokenizer models/reinf-demo --json
+    python -m reinf.bench.generation --model reinf-demo
+    python -m reinf.bench.generation --model qwen2.5-0.5b-shape --tokenizer models/reinf-demo --json
 """
 from __future__ import annotations
 
@@ -245,7 +245,7 @@ def format_result(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reinf.speed",
+    parser = argparse.ArgumentParser(prog="python -m reinf.bench.generation",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="reinf-demo",
                         help="model_path (directory, hub id, reinf-demo) or "

@@ -1,6 +1,6 @@
 """The demo corpus's content: greetings, facts, definitions, advice and arithmetic tables.
 
-Plain data, kept apart from the code in reinf/corpus.py that turns it into styled replies.
+Plain data, kept apart from the code in reinf/demo/corpus.py that turns it into styled replies.
 """
 
 # --- Content ------------------------------------------------------------------------------

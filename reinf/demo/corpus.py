@@ -53,7 +53,7 @@ TERSE_LEAD = "In short:"
 CLOSERS = ("Anything else you'd like to know?", "Anything else I can help with?")
 GREETING_CLOSER = "How can I help you today?"
 
-from reinf.topics import (ADVICE, CAPITAL_PROMPTS, CAPITALS, DEFINITION_PROMPTS, DEFINITIONS,  # noqa: F401
+from reinf.demo.topics import (ADVICE, CAPITAL_PROMPTS, CAPITALS, DEFINITION_PROMPTS, DEFINITIONS,  # noqa: F401
                            FACTS, GREETINGS, OP_PAIRS, OPS)
 
 

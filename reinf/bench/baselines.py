@@ -4,7 +4,7 @@ Both train the same LoRA adapter (``lora.*``, seeded like a fresh PPO adapter) o
 rated turns a PPO round would see (the newest ``replay_buffer_size``, through the same
 reward mapper), with the same budget: ``ppo_epochs`` passes in minibatches of
 ``batch_size`` at ``learning_rate``. Each round continues from the active checkpoint,
-writes a checkpoint with ``reinf.checkpoints`` (a zero value head: neither has a critic),
+writes a checkpoint with ``reinf.training.checkpoints`` (a zero value head: neither has a critic),
 records a training run, and activates it; the bench then hot-swaps it into the engine
 exactly as it does a PPO checkpoint. Neither has PPO's promotion gate.
 
@@ -35,12 +35,12 @@ from typing import Any
 
 import torch
 
-from reinf import checkpoints
+from reinf.training import checkpoints
 from reinf.errors import ReinfError
 from reinf.lock import acquire_train_lock
 from reinf.worker import Outcome
 
-log = logging.getLogger("reinf.baselines")
+log = logging.getLogger("reinf.bench.baselines")
 BENCH_EXTRA = 'pip install -e ".[bench]"'
 KTO_BETA = 0.1
 
@@ -121,12 +121,12 @@ class BaselineRunner:
         root = checkpoints.root_dir(config)
         ckpt_id = checkpoints.create_checkpoint_id(round_no)
         hidden = model.config.get_text_config().hidden_size
-        from reinf.ppo import ValueHead
+        from reinf.training.ppo import ValueHead
         path = checkpoints.write_checkpoint(
             root, ckpt_id, model=model, value_head=ValueHead(hidden),
             state={"version": 1, "round": round_no, "baseline": self.kind},
             metrics={**metrics, "checkpoint_id": ckpt_id, "run_id": run_id})
-        from reinf.trainer import promote
+        from reinf.training.trainer import promote
         promote(config, store, run_id, ckpt_id, path, parent_id=parent, metrics=metrics,
                 samples=metrics["samples"])
         return Outcome("succeeded", f"{self.kind} round {round_no}: checkpoint {ckpt_id}",
@@ -149,7 +149,7 @@ def load_trainable(config, store):
     a fresh adapter seeded exactly as a first PPO round seeds its own."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from reinf.session import load_base, prepare_for_training, resolve_train_device
+    from reinf.training.session import load_base, prepare_for_training, resolve_train_device
 
     loaded = load_base(config, resolve_train_device(config)[0])
     active = store.active_checkpoint()
@@ -171,7 +171,7 @@ def load_trainable(config, store):
 
 def train_sft(model, kept, config, seed: int) -> dict[str, Any]:
     """``ppo_epochs`` passes of weighted NLL on the replies with a positive reward."""
-    from reinf.ppo import Policy, ValueHead, build_rollout, update_mode, weighted_mean
+    from reinf.training.ppo import Policy, ValueHead, build_rollout, update_mode, weighted_mean
 
     episodes = [(s.prompt_ids, s.reply_ids, s.logprobs, 1.0, row.reward,
                  max(row.reward, 0.0) * row.weight) for s, row in kept]
@@ -231,7 +231,7 @@ def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, A
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import KTOConfig, KTOTrainer
 
-    from reinf.session import load_base
+    from reinf.training.session import load_base
 
     rows = build_kto_rows(kept, loaded.tokenizer, seed)
     if not rows:

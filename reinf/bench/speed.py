@@ -2,11 +2,11 @@
 
 For each model (``demo``: the configured model; ``0.5b``: a randomly initialised model of
 Qwen2.5-0.5B's shape, saved to a temporary directory so the trainer child can load it), a
-fresh process (``python -m reinf.benchspeed``, so peak memory is that model's own) measures:
+fresh process (``python -m reinf.bench.speed``, so peak memory is that model's own) measures:
 
 1. generation: time to first token and tokens/s of the engine against a bare
    ``model.generate`` on the same prompts, and the adapter swap pause
-   (``reinf.speed.measure_generation``); then the process's peak RSS = **serving**;
+   (``reinf.bench.generation.measure_generation``); then the process's peak RSS = **serving**;
 2. the chat while a real training round runs: ``rated turns`` replies are generated and
    rated in a temporary data directory, then the daemon's ``ChildRunner`` trains on them
    (niced, ``train_threads``) while this process keeps generating replies; their time to
@@ -15,7 +15,7 @@ fresh process (``python -m reinf.benchspeed``, so peak memory is that model's ow
    run's ``finished_at``, its start ``update_seconds`` before). The child's peak RSS =
    **training**;
 3. the PPO round against bare LoRA forward+backward on the same tokens
-   (``reinf.trainspeed.measure_round``).
+   (``reinf.bench.training.measure_round``).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def run_speed(config, models: list[str], *, turns: int = 64, turns_large: int = 
                        fix="use --models demo, 0.5b or demo,0.5b")
     results = []
     for name in models:
-        argv = [sys.executable, "-m", "reinf.benchspeed", "--model", name, "--json",
+        argv = [sys.executable, "-m", "reinf.bench.speed", "--model", name, "--json",
                 "--turns", str(turns if name == "demo" else turns_large)]
         argv += ["--quick"] * quick + (["--threads", str(threads)] if threads else [])
         argv += ["--config", config.source] if config.source else []
@@ -64,18 +64,18 @@ def run_speed(config, models: list[str], *, turns: int = 64, turns_large: int = 
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
             raise ReinfError(f"bench speed on {name} failed (exit code {proc.returncode})",
-                             fix="run `python -m reinf.benchspeed --model " + name +
+                             fix="run `python -m reinf.bench.speed --model " + name +
                                  "` to see the error")
         results.append(json.loads(lines[-1]))
-    from reinf.speed import machine
+    from reinf.bench.generation import machine
     return {"benchmark": "speed", "machine": machine(), "quick": quick, "models": results}
 
 
 def measure_model(config, name: str, *, turns: int, quick: bool) -> dict[str, Any]:
     """Everything for one model, in this process (see the module docstring)."""
     from reinf.modeling import load_model
-    from reinf.speed import machine, measure_generation
-    from reinf.trainspeed import measure_round
+    from reinf.bench.generation import machine, measure_generation
+    from reinf.bench.training import measure_round
 
     say = lambda text: print(f"[speed] {name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="reinf-speed-") as tmp:
@@ -115,7 +115,7 @@ def save_shaped_model(config, out: Path) -> str:
     from transformers import AutoTokenizer
 
     from reinf.config import demo_model_dir
-    from reinf.speed import build_shaped_model
+    from reinf.bench.generation import build_shaped_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir(config)))
     loaded = build_shaped_model(tokenizer)
@@ -130,9 +130,9 @@ def measure_chat_during_round(cfg, loaded, home: Path, turns: int, *, new_tokens
     """Replies timed on an idle machine, then while the daemon's child trainer runs."""
     from reinf.chat import ChatService
     from reinf.config import load_config, render_yaml
-    from reinf.corpus import sample_prompts
+    from reinf.demo.corpus import sample_prompts
     from reinf.engine import Engine
-    from reinf.raters import load_rater
+    from reinf.bench.raters import load_rater
     from reinf.store import Store
     from reinf.worker import ChildRunner
 
@@ -229,7 +229,7 @@ def format_speed(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reinf.benchspeed",
+    parser = argparse.ArgumentParser(prog="python -m reinf.bench.speed",
                                      description="One model's part of `reinf bench speed`.")
     parser.add_argument("--model", choices=MODELS, default="demo")
     parser.add_argument("--turns", type=int, default=64)

@@ -8,9 +8,9 @@ call. A round:
 2. records a ``training_runs`` row, reads the newest ``replay_buffer_size`` rated turns and
    maps them to rewards and weights (``reinf.rewards``; a broken hook fails the run);
 3. loads the base model on the training device and continues from the ACTIVE checkpoint
-   (``reinf.session``): adapter, value head, optimizer state, KL controller, reward
+   (``reinf.training.session``): adapter, value head, optimizer state, KL controller, reward
    statistics and counters; with the base model active, all of it starts fresh;
-4. runs PPO (``reinf.ppo``), then the promotion gate: a round with NaN, or whose KL per
+4. runs PPO (``reinf.training.ppo``), then the promotion gate: a round with NaN, or whose KL per
    reply token to the base exceeds ``kl_max``, is ``rejected``: its row is recorded, no
    files are kept, and it is never activated; the next round from the same parent starts
    with at least twice the rejected round's kl_coef so it does not repeat itself;
@@ -33,10 +33,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from reinf import checkpoints
+from reinf.training import checkpoints
 from reinf.errors import HookError, ModelError, ReinfError, TrainingError
 
-log = logging.getLogger("reinf.trainer")
+log = logging.getLogger("reinf.training.trainer")
 STATE_VERSION = 1
 OOM_FIX = ("lower batch_size (raise gradient_accumulation_steps to keep the step size), set "
            "gradient_checkpointing: true, or quantization: 4bit on CUDA")
@@ -100,9 +100,9 @@ def train_round(config, store, *, trigger: str = "manual", progress: Callable | 
 def _run(config, store, run_id: int, root: Path, progress, now, started) -> RoundResult:
     # torch and transformers load only once there is work: a round with nothing to do
     # (the daemon's child, every few minutes) stays cheap.
-    from reinf.ppo import Hyper, build_rollout, train_policy
+    from reinf.training.ppo import Hyper, build_rollout, train_policy
     from reinf.rewards import compute_rewards
-    from reinf.session import build_session, select_episodes
+    from reinf.training.session import build_session, select_episodes
 
     report = progress or (lambda event: None)
     samples = store.training_samples(config.ppo.replay_buffer_size)
@@ -236,7 +236,7 @@ def _log_failure(config, run_id: int, exc: BaseException) -> None:
 
 # --- the CLI and the child process share this ---------------------------------------------
 
-# Exit codes of `python -m reinf.trainer` and `reinf train` (the daemon reads them).
+# Exit codes of `python -m reinf.training.trainer` and `reinf train` (the daemon reads them).
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_REJECTED, EXIT_NOTHING, EXIT_HOOK, EXIT_MODEL = 0, 1, 3, 4, 5, 6
 
 
@@ -308,7 +308,7 @@ class ProgressBar:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reinf.trainer``: one round in a child process; the JSON result is the
+    """``python -m reinf.training.trainer``: one round in a child process; the JSON result is the
     last line of stdout with --json. Exit codes: see EXIT_*."""
     import argparse
     import json
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     from reinf.config import load_config
     from reinf.store import Store
 
-    parser = argparse.ArgumentParser(prog="python -m reinf.trainer",
+    parser = argparse.ArgumentParser(prog="python -m reinf.training.trainer",
                                      description="Run one Reinf training round.")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (last line)")
     parser.add_argument("--trigger", default="manual", help="recorded on the run (e.g. schedule)")

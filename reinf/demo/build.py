@@ -1,7 +1,7 @@
 """Build the built-in demo model, ``models/reinf-demo`` (DESIGN.md §8).
 
 The demo model is a ~1M parameter Qwen2 causal LM with its own byte-level BPE tokenizer and a
-ChatML chat template, trained from scratch on the synthetic corpus of ``reinf.corpus``. It
+ChatML chat template, trained from scratch on the synthetic corpus of ``reinf.demo.corpus``. It
 exists so that Reinf installs, runs and passes its tests offline: nothing is downloaded.
 
 The build is seeded and deterministic (same seed, steps and environment give identical
@@ -9,7 +9,7 @@ weights), is sized to take under 2 minutes on 2 CPU cores (measured figures are 
 models/README.md), and writes atomically: everything goes into a temporary directory beside
 ``out_dir`` that is renamed into place only when complete.
 
-    python -m reinf.demo [--out models/reinf-demo] [--seed 0] [--steps N]
+    python -m reinf.demo.build [--out models/reinf-demo] [--seed 0] [--steps N]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from reinf import corpus
+from reinf.demo import corpus
 
 DEMO_NAME = "reinf-demo"
 INFO_FILE = "reinf_demo.json"
@@ -406,7 +406,7 @@ def load_demo_info(model_dir: str | os.PathLike) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reinf.demo",
+    parser = argparse.ArgumentParser(prog="python -m reinf.demo.build",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path("models") / DEMO_NAME), help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="seed for corpus, init and order")

@@ -6,7 +6,7 @@ copy of the base (``load_policy``) and measures, with no gradient:
 - **KL to the base**: the exact KL(policy || base) over the vocabulary at every reply
   position of the probe replies (replies the current adapter sampled for fixed held-out
   prompts with fixed seeds), per reply token, in nats, at their sampling temperature:
-  the trainer's own ``kl`` figure (``reinf.ppo.measure_kl``), on replies it never saw;
+  the trainer's own ``kl`` figure (``reinf.training.ppo.measure_kl``), on replies it never saw;
 - **perplexity** on the held-out slice of the demo corpus (``split_corpus``: prompts the
   demo model was never trained on), on the assistant tokens only, at temperature 1: the
   same figure the demo build reports (``heldout_perplexity``);
@@ -41,7 +41,7 @@ class Heldout:
 def load_heldout(tokenizer, n: int = HELDOUT_ITEMS, seed: int = 0) -> Heldout:
     """``n`` items spread evenly over the corpus's held-out slice, tokenized as the demo
     build tokenizes them (chat template, assistant tokens are the reply)."""
-    from reinf.corpus import generate_corpus, split_corpus
+    from reinf.demo.corpus import generate_corpus, split_corpus
 
     _, held = split_corpus(generate_corpus(seed=seed), seed=seed)
     step = max(1, len(held) // max(1, n))
@@ -72,9 +72,9 @@ def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | Non
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from reinf.checkpoints import VALUE_HEAD
+    from reinf.training.checkpoints import VALUE_HEAD
     from reinf.modeling import load_model
-    from reinf.ppo import Policy, ValueHead
+    from reinf.training.ppo import Policy, ValueHead
 
     cache = {} if cache is None else cache
     if "base_model" not in cache:
@@ -94,7 +94,7 @@ def measure_policy(policy, probe: Sequence[tuple], heldout: Heldout, *, adapter:
     """KL per token on ``probe`` episodes, held-out perplexity (and each held-out reply's
     NLL and token count, for perplexity on a subset), and the predicted reward of every
     probe reply and held-out reply (value at the last reply token)."""
-    from reinf.ppo import build_rollout, evaluate, measure_kl, weighted_mean
+    from reinf.training.ppo import build_rollout, evaluate, measure_kl, weighted_mean
 
     device = next(policy.model.parameters()).device
     out: dict = {}

@@ -9,7 +9,7 @@
   rating to the moment the engine serves the new checkpoint.
 
 Each reply starts a new conversation, so prompts stay the same length. Standard library
-only, never through a proxy. ``python -m reinf.loadtest --url URL`` prints a report; a
+only, never through a proxy. ``python -m reinf.bench.loadtest --url URL`` prints a report; a
 benchmark is a command that measures, never a timed test.
 """
 from __future__ import annotations
@@ -239,7 +239,7 @@ def summarize(samples: list[Sample]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reinf.loadtest",
+    parser = argparse.ArgumentParser(prog="python -m reinf.bench.loadtest",
                                      description="Chat latency of a running reinf serve.")
     parser.add_argument("--url", default="http://127.0.0.1:8765")
     parser.add_argument("--token", help="auth_token, when the server requires one")

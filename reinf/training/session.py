@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from reinf import checkpoints
+from reinf.training import checkpoints
 from reinf.errors import ModelError
 from reinf.modeling import quiet_peft
-from reinf.ppo import KLController, Policy, RunningMoments, ValueHead
+from reinf.training.ppo import KLController, Policy, RunningMoments, ValueHead
 
 
 @dataclass
