@@ -4,8 +4,9 @@ when a daemon answers, so the terminal and the browser share one model and one D
 ``HttpBackend(url, config)`` implements ``reinf.repl.Backend`` over the JSON API
 (docs/api.md): replies stream as Server-Sent Events from ``POST /api/chat``; Stop is
 ``POST /api/chat/<stream_id>/stop``, after which the server still sends the stored,
-interrupted turn. Standard library only (urllib), never through a proxy: the daemon is
-local. Errors from the server arrive as ReinfError with its message, fix and status.
+interrupted turn. Standard library only (urllib, via reinf.remote.open_url), never through
+a proxy: the daemon is local. Errors from the server arrive as ReinfError with its message,
+fix and status.
 """
 from __future__ import annotations
 
@@ -17,29 +18,11 @@ import urllib.request
 from typing import Any, Iterator
 
 from reinf.errors import ReinfError
+from reinf.remote import open_url
 
 REPLY_TIMEOUT_SECONDS = 600.0   # longest silence between two events of a streamed reply
 CALL_TIMEOUT_SECONDS = 30.0
 GENERATION_FIELDS = ("temperature", "top_p", "max_new_tokens")  # what POST /api/chat takes
-
-
-def _opener() -> urllib.request.OpenerDirector:
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def probe(url: str, timeout: float = 0.5, *, token: str | None = None) -> dict | None:
-    """What ``GET {url}/api/ping`` answers ({"service": "reinf", "version", "model", ...}),
-    or None when no Reinf server answers there."""
-    request = urllib.request.Request(url.rstrip("/") + "/api/ping",
-                                     headers={"Accept": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with _opener().open(request, timeout=timeout) as response:
-            data = json.load(response)
-    except (OSError, ValueError, urllib.error.URLError):
-        return None
-    return data if isinstance(data, dict) and data.get("service") == "reinf" else None
 
 
 class HttpBackend:
@@ -69,7 +52,7 @@ class HttpBackend:
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers=headers)
         try:
-            response = _opener().open(request, timeout=timeout)
+            response = open_url(request, timeout=timeout)
         except urllib.error.HTTPError as exc:
             raise _error_from(exc) from None
         except (urllib.error.URLError, OSError) as exc:

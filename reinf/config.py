@@ -3,8 +3,8 @@
 Precedence, lowest to highest: built-in defaults, the config file, environment
 variables, command-line flags. Loading yields a frozen ``Config`` whose sections
 are frozen dataclasses. Each setting has a *public name*: the leaf name
-(``learning_rate``), except LoRA settings, which keep their section
-(``lora.r``). The environment variable is the public name upper-cased with dots
+(``learning_rate``), except LoRA and training settings, which keep their section
+(``lora.r``, ``training.method``). The environment variable is the public name upper-cased with dots
 as underscores, with or without a ``REINF_`` prefix (``TRAIN_INTERVAL_MINUTES``,
 ``REINF_LORA_R``); the prefixed form wins when both are set.
 
@@ -89,13 +89,14 @@ class GenerationConfig:
 class LoraConfig:
     r: int = setting(8, "LoRA rank", min=1, max=1024)
     alpha: int = setting(16, "LoRA scaling numerator (scale = alpha / r)", min=1)
-    dropout: float = setting(0.05, "LoRA dropout (off during PPO update passes)", min=0.0, max=0.9)
+    dropout: float = setting(0.05, "LoRA dropout; PPO turns it off in every pass, so only the "
+                                   "bench baselines (SFT, KTO) use it", min=0.0, max=0.9)
     target_modules: list[str] = setting(["q_proj", "v_proj"], "module names that get adapters")
 
 
 @dataclass(frozen=True)
 class PPOConfig:
-    learning_rate: float = setting(1e-4, "Adam learning rate of the adapter", min=0.0, max=1.0)
+    learning_rate: float = setting(1e-3, "Adam learning rate of the adapter", min=0.0, max=1.0)
     batch_size: int = setting(8, "rated turns per forward/backward minibatch", min=1)
     gradient_accumulation_steps: int = setting(1, "minibatches per optimizer step", min=1)
     ppo_epochs: int = setting(4, "passes over the round's samples", min=1, max=100)
@@ -103,14 +104,15 @@ class PPOConfig:
     value_clip: float = setting(0.2, "clip range of the value update", min=0.0, max=100.0)
     vf_coef: float = setting(0.5, "weight of the value loss", min=0.0)
     ent_coef: float = setting(0.0, "weight of the entropy bonus", min=0.0)
-    dual_clip: float = setting(3.0, "bound on the loss of stale samples with huge ratios; 0 = off",
-                               min=0.0)
+    dual_clip: float = setting(3.0, "bound c > 1 on the loss of stale samples with huge ratios; "
+                                    "0 = off", min=0.0,
+                               fix="set dual_clip to 0 (off) or a value above 1, such as 3")
     value_detach: bool = setting(True, "the value head reads detached hidden states (trains only "
                                        "itself)")
-    normalize_rewards: bool = setting(False, "divide rewards by their running std (stats are "
-                                             "always reported)")
+    normalize_rewards: bool = setting(False, "subtract the running mean of rewards and divide "
+                                             "by their running std (stats always reported)")
     max_grad_norm: float = setting(1.0, "gradient-norm clip", min=0.0)
-    kl_coef: float = setting(0.05, "initial per-token KL penalty to the base model", min=0.0)
+    kl_coef: float = setting(0.1, "initial per-token KL penalty to the base model", min=0.0)
     adaptive_kl: bool = setting(True, "adapt kl_coef to hold KL near kl_target")
     kl_target: float = setting(0.05, "KL per token the adaptive controller aims at", min=0.0)
     kl_horizon: int = setting(1000, "samples over which the KL controller adapts", min=1)
@@ -118,6 +120,9 @@ class PPOConfig:
                             min=0.0)
     target_kl: float = setting(0.1, "stop a round early when approx_kl exceeds this; 0 = never",
                                min=0.0)
+    advantage: str = setting("rloo", "baseline of rollout rounds: rloo = leave-one-out over the "
+                                     "replies to one prompt; gae = value head + GAE",
+                             choices=("rloo", "gae"))
     gamma: float = setting(1.0, "discount of GAE", min=0.0, max=1.0)
     lam: float = setting(0.95, "lambda of GAE", min=0.0, max=1.0)
     replay_buffer_size: int = setting(256, "newest rated turns revisited in a round", min=1)
@@ -126,6 +131,35 @@ class PPOConfig:
     gradient_checkpointing: bool = setting(False, "trade compute for memory on large models")
     keep_best: int = setting(3, "checkpoints kept besides the active one and its parent", min=0)
     seed: int = setting(0, "seed of minibatch shuffling and adapter initialisation", min=0)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    method: str = setting("rollouts", "rollouts = a rating model scores fresh replies for PPO; "
+                                      "rated = PPO on rated replies only",
+                          choices=("rollouts", "rated"))
+    rollout_prompts: int = setting(16, "prompts a round samples fresh replies for (newest rated "
+                                      "first, then replayed)", min=1, max=4096)
+    rollouts_per_prompt: int = setting(4, "fresh replies sampled for each of those prompts",
+                                       min=2, max=64)
+    rollout_batch_size: int = setting(16, "replies sampled together (one batched forward per "
+                                          "token)", min=1, max=1024)
+    rollout_max_new_tokens: int = setting(0, "longest rollout reply; 0 = max_new_tokens",
+                                          min=0, max=32_768)
+    min_ratings: int = setting(8, "ratings needed before the rating model may score rollouts",
+                               min=2)
+    min_consistency: float = setting(0.3, "cross-validated Spearman the rating model needs; "
+                                          "below it a round trains on rated replies only",
+                                     min=-1.0, max=1.0)
+    rating_heads: int = setting(5, "bootstrap heads of the rating model's ensemble", min=1,
+                                max=64)
+    pessimism: float = setting(0.5, "predicted score = ensemble mean - pessimism x its std",
+                               min=0.0, max=10.0)
+    rating_model_max: int = setting(1024, "newest ratings the rating model is fitted on",
+                                    min=4)
+    max_perplexity_increase: float = setting(0.25, "promotion gate: reject a round whose "
+                                                   "perplexity on well-rated replies rises "
+                                                   "more than this (0.25 = +25%)", min=0.0)
 
 
 @dataclass(frozen=True)
@@ -166,8 +200,11 @@ class RewardsConfig:
 SECTIONS: dict[str, type] = {
     "server": ServerConfig, "storage": StorageConfig, "model": ModelConfig,
     "generation": GenerationConfig, "lora": LoraConfig, "ppo": PPOConfig,
-    "schedule": ScheduleConfig, "rewards": RewardsConfig,
+    "training": TrainingConfig, "schedule": ScheduleConfig, "rewards": RewardsConfig,
 }
+#: Sections whose settings keep the section in their public name (``lora.r``,
+#: ``training.method``): their keys are too generic to stand alone.
+PREFIXED = ("lora", "training")
 
 
 @dataclass(frozen=True)
@@ -178,6 +215,7 @@ class Config:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     # Where the file settings came from (None: defaults only). Not a setting.
@@ -197,10 +235,11 @@ class Config:
     def replace(self, **overrides: Any) -> "Config":
         """A copy with some settings changed, by public name: ``cfg.replace(learning_rate=1e-3)``.
 
-        Values go through the same checks as the config file; ``lora.r`` is spelt ``lora_r``.
+        Values go through the same checks as the config file; ``lora.r`` is spelt ``lora_r``
+        and ``training.method`` ``training_method``.
         """
-        flat = {name.replace("_", ".", 1) if name.startswith("lora_") else name: value
-                for name, value in overrides.items()}
+        flat = {name.replace("_", ".", 1) if name.startswith(tuple(s + "_" for s in PREFIXED))
+                else name: value for name, value in overrides.items()}
         return _build(self.to_dict(), flat, source="override", file=self.source)
 
 
@@ -224,7 +263,7 @@ def settings() -> list[SettingInfo]:
     for section, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            public = f"{section}.{f.name}" if section == "lora" else f.name
+            public = f"{section}.{f.name}" if section in PREFIXED else f.name
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             out.append(SettingInfo(section, f.name, public, public.replace(".", "_").upper(),
                                    hints[f.name], default, f.metadata["help"], f.metadata))
@@ -432,6 +471,10 @@ def _check_combinations(cfg: Config, where: str) -> None:
     if r.reward_min >= r.reward_max:
         raise ConfigError(f"reward_min ({r.reward_min}) must be below reward_max ({r.reward_max})"
                           f" ({where})", key="reward_min", fix="e.g. reward_min: -2, reward_max: 2")
+    if 0 < cfg.ppo.dual_clip <= 1:
+        raise ConfigError(f"dual_clip = {cfg.ppo.dual_clip} ({where}): a bound at or below 1 "
+                          "would flatten every negative advantage", key="dual_clip",
+                          fix="set dual_clip to 0 (off) or a value above 1, such as 3")
     if cfg.ppo.batch_size > cfg.ppo.replay_buffer_size:
         raise ConfigError(f"batch_size ({cfg.ppo.batch_size}) exceeds replay_buffer_size "
                           f"({cfg.ppo.replay_buffer_size}) ({where})", key="batch_size",

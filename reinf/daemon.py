@@ -17,10 +17,8 @@
   foreground ``reinf train``, a rollback that could not reach us) reaches the engine, and
   ratings they stored (``reinf rate``) reach the ratings trigger.
 
-Other processes talk to a running daemon through the lock file and its HTTP API
-(reinf.remote, re-exported here): ``probe_daemon`` (``reinf status``),
-``notify_rollback`` (``reinf rollback``) and ``request_train`` (``reinf train``). Signals
-and the serving loop are in reinf.shutdown (also re-exported).
+Other processes talk to a running daemon through the lock file and its HTTP API, in
+reinf.remote. Signals and the serving loop are in reinf.shutdown.
 """
 from __future__ import annotations
 
@@ -33,14 +31,10 @@ from typing import Any, Callable
 from reinf.errors import BadInput, Conflict, NotFound, ReinfError
 from reinf.lock import FileLock, acquire_lock, acquire_train_lock, read_info, train_lock_path
 from reinf.logs import log_path
-from reinf.remote import notify_rollback, probe_daemon, request_train
 from reinf.scheduler import Scheduler, utcnow
-from reinf.shutdown import install_signal_handlers, run_server
 from reinf.worker import ChildRunner
 
-__all__ = ["Daemon", "INTERRUPTED", "choose_active", "install_signal_handlers",
-           "is_loadable", "notify_rollback", "probe_daemon", "recover_runs", "request_train",
-           "run_server"]
+__all__ = ["Daemon", "INTERRUPTED", "choose_active", "is_loadable", "recover_runs"]
 
 log = logging.getLogger("reinf.daemon")
 
@@ -215,7 +209,7 @@ class Daemon:
 
     def schedule_info(self) -> dict[str, Any]:
         """Status of the schedule and of this server. ``running`` is whether the daemon
-        runs (as in probe_daemon); ``training`` whether a round runs now."""
+        runs (as in reinf.remote.locate_server); ``training`` whether a round runs now."""
         info = self.scheduler.info()
         lock = self.lock.info if self.lock is not None else {}
         info.update(running=self._state == "running", pid=os.getpid(),

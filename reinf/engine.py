@@ -162,7 +162,7 @@ class Engine:
                                    else loaded.model.device)
         self.context_limit = get_context_limit(self.model, self.tokenizer,
                                                config.model.max_context_tokens)
-        self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in \
             inspect.signature(self.model.forward).parameters else {}
         self._lock = threading.Lock()          # held by one reply, or one swap, at a time
@@ -414,7 +414,20 @@ def sample_top_p(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
     return int(order[choice])
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
+def sample_top_p_rows(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
+    """``sample_top_p`` for a batch: one token per row of ``logp`` (B, V) -> (B,)."""
+    probs = logp.exp()
+    if top_p >= 1.0:
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)       # (B, V)
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+    choice = torch.multinomial(sorted_p * keep, 1, generator=gen)  # (B, 1)
+    return order.gather(1, choice).squeeze(1)
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every token id that ends a reply: generation_config's and config's eos_token_id (an
+    int or a list, as Llama-3's) and the tokenizer's."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
         value = getattr(source, "eos_token_id", None)

@@ -2,7 +2,8 @@
 
 A ``ReinfError`` carries a message written for the person, an optional fix, and
 the HTTP status the web API answers with. The CLI turns it into a
-``click.ClickException`` at one boundary (cli.py); the web app renders it as JSON.
+``click.ClickException`` at one boundary (``ReinfGroup`` in reinf/cli/common.py); the web
+app renders it as JSON.
 """
 from __future__ import annotations
 
@@ -67,5 +68,6 @@ class TrainingError(ReinfError):
 
 
 class NotAvailable(ReinfError):
-    """A command whose parts have not landed yet."""
+    """What this process or this machine cannot do: a server with no model loaded, no Reinf
+    daemon at the given URL, a platform without a supported service manager."""
     status = 501

@@ -364,14 +364,17 @@ a call slower than hook_timeout_seconds), ratings are still stored, but training
 and `reinf status`, the web UI and the log show the file, line and message. Reinf never
 falls back to another mapper behind your back.
 
-The contract:  reward_mapper(score: int, metadata: dict) -> float
-  score             1 (bad) .. 5 (great)
+The contract:  reward_mapper(score, metadata: dict) -> float
+  score             1 (bad) .. 5 (great): your rating, a whole number; or, for the fresh
+                    replies a round samples and nobody rated, the rating model's
+                    prediction of your rating, a number such as 3.7
   metadata keys     prompt, response (text); response_length {"tokens", "chars"};
                     prompt_length {"tokens", "chars"}; tags (list), comment, critical (bool);
                     rated_at, created_at (ISO 8601, UTC); age_seconds, age_days (since the
                     rating); conversation_id, turn_index, turn_id, user_id; checkpoint_id
                     (the adapter that wrote the reply, "base" for none); temperature;
-                    settings (the rewards section of the config, as a dict)
+                    settings (the rewards section of the config, as a dict);
+                    predicted (true: score is the rating model's guess, not yours)
 What you return is combined with any enabled critics and clipped to [reward_min,
 reward_max]. Older ratings count less through a separate weight (half_life_days); the
 mapper does not apply it.

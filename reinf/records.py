@@ -101,6 +101,9 @@ class Sample:
     rated_at: datetime
     created_at: datetime
     temperature: float
+    # True for a fresh reply a round sampled and the rating model scored: ``score`` is then
+    # its predicted rating (a float in 1..5), and no turn stores it.
+    predicted: bool = False
 
 
 @dataclass(frozen=True)

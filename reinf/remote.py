@@ -1,10 +1,12 @@
-"""Other processes talk to the running ``reinf serve`` of a data directory.
+"""Other processes find and talk to the running ``reinf serve`` of a data directory.
 
-The lock file (reinf.lock) says whether a server runs and where; its JSON API does the
-rest. ``reinf status`` calls :func:`probe_daemon`, ``reinf rollback``
-:func:`notify_rollback`, and ``reinf train`` :func:`request_train`, so that while a
-server runs there is one trainer and one adapter switch, both in the server. Standard
-library only, never through a proxy: the server is on this machine.
+The lock file (reinf.lock) says whether a server runs and where (:func:`locate_server`);
+its JSON API does the rest. ``reinf chat`` asks :func:`find_server` where a server
+answers, ``reinf status`` calls :func:`locate_server` and :func:`fetch_schedule`,
+``reinf rollback`` :func:`notify_rollback`, and ``reinf train`` :func:`request_train`, so
+that while a server runs there is one trainer and one adapter switch, both in the server.
+Every URL comes from :func:`build_url` and every request goes through :func:`open_url`:
+standard library only, never through a proxy, since the server is on this machine.
 """
 from __future__ import annotations
 
@@ -22,6 +24,14 @@ from reinf.logs import log_path
 log = logging.getLogger("reinf.remote")
 
 HTTP_TIMEOUT_SECONDS = 15.0
+PROBE_TIMEOUT_SECONDS = 2.0
+# A client cannot connect to a wildcard bind address: it reaches the server on loopback.
+# A server bound to "::" surely listens on ::1, on 127.0.0.1 only when dual-stack.
+WILDCARD_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+
+# Never through the environment's http_proxy: the server is on this machine, and a proxy
+# must not see its traffic (nor its auth token). Shared, as urllib's own urlopen() does.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class Unreachable(ReinfError):
@@ -29,19 +39,61 @@ class Unreachable(ReinfError):
     status = 503
 
 
-def probe_daemon(config) -> dict[str, Any]:
+def open_url(request: urllib.request.Request, *, timeout: float):
+    """Send ``request`` directly, never through a proxy; urllib's response (a context
+    manager) or its errors (HTTPError, URLError, OSError)."""
+    return _OPENER.open(request, timeout=timeout)
+
+
+def build_url(host: str, port: int) -> str:
+    """The URL a client on this machine uses for a server bound to ``host``:``port``:
+    a wildcard address becomes loopback, an IPv6 address is bracketed."""
+    host = host.strip("[]")
+    host = WILDCARD_LOOPBACK.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def probe_server(url: str, *, token: str | None = None,
+                 timeout: float = PROBE_TIMEOUT_SECONDS) -> dict[str, Any] | None:
+    """What ``GET {url}/api/ping`` answers ({"service": "reinf", "version", "model",
+    "chat"}), or None when no Reinf server answers there (nothing listens, another
+    service, or a wrong ``token``).
+
+    Where nothing listens the connection is refused at once; the timeout only bounds a
+    server that accepted the connection (a busy server answers within it)."""
+    request = urllib.request.Request(url.rstrip("/") + "/api/ping",
+                                     headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with open_url(request, timeout=timeout) as response:
+            data = json.load(response)
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return data if isinstance(data, dict) and data.get("service") == "reinf" else None
+
+
+def locate_server(config) -> dict[str, Any]:
     """{"running", "pid", "url", "host", "port", "started_at", "version", "lock_file",
-    "log_file"} of the server using this data directory."""
+    "log_file"} of the server using this data directory, from its lock file (no HTTP)."""
     return {**read_lock(config), "log_file": str(log_path(config))}
 
 
-def connect_url(info: dict[str, Any]) -> str | None:
-    """Where to reach the server: its address, with a wildcard bind read as loopback."""
+def _lock_url(info: dict[str, Any]) -> str | None:
+    """Where to reach the server of ``info`` (locate_server's): its bind address, else
+    the URL it recorded (None while it starts and has not bound a port yet)."""
     host, port = info.get("host"), info.get("port")
-    if not host or not port:
-        return info.get("url")
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return build_url(host, port) if host and port else info.get("url")
+
+
+def find_server(config, url: str | None = None) -> str | None:
+    """The URL of a Reinf server that answers: at ``url`` when given, else this data
+    directory's server (same DB), else the configured address; None when none answers."""
+    if not url:
+        info = locate_server(config)
+        url = (_lock_url(info) if info["running"] else None) or \
+            build_url(config.server.host, config.server.port)
+    return url if probe_server(url, token=config.server.auth_token) is not None else None
 
 
 def call_daemon(config, path: str, body: dict | None = None, *, method: str = "POST",
@@ -49,10 +101,10 @@ def call_daemon(config, path: str, body: dict | None = None, *, method: str = "P
     """Send JSON to the running server; None when none runs. An error answer raises
     ReinfError with the server's message, fix and status, except the ``answers``
     statuses, whose JSON is returned; no answer at all raises Unreachable."""
-    info = probe_daemon(config)
+    info = locate_server(config)
     if not info["running"]:
         return None
-    url = connect_url(info)
+    url = _lock_url(info)
     if not url:
         raise Unreachable(f"reinf serve (pid {info['pid']}) is starting and has no address "
                           "yet", fix="try again in a moment")
@@ -65,9 +117,8 @@ def call_daemon(config, path: str, body: dict | None = None, *, method: str = "P
         headers["Authorization"] = f"Bearer {config.server.auth_token}"
     request = urllib.request.Request(url.rstrip("/") + path, method=method, headers=headers,
                                      data=data)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
+        with open_url(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
             return json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         try:

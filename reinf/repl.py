@@ -10,10 +10,7 @@ Ctrl-C or Ctrl-D at a prompt leaves.
 """
 from __future__ import annotations
 
-import json
 import sys
-import urllib.error
-import urllib.request
 from typing import Callable, Iterator, Protocol, TextIO
 
 from reinf.errors import BadInput, ReinfError
@@ -268,32 +265,3 @@ def printable(text: str) -> str:
 def _clip(text: str, n: int = 100) -> str:
     flat = " ".join(printable(text).split())
     return flat if len(flat) <= n else flat[: n - 1] + "…"
-
-
-# --- is a daemon running? -------------------------------------------------------------
-
-def daemon_url(host: str, port: int) -> str:
-    """The URL a local client uses for a daemon bound to ``host``:``port``."""
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
-
-
-def probe_daemon(url: str, *, token: str | None = None, timeout: float = 2.0) -> bool:
-    """True when a Reinf daemon answers GET {url}/api/status with its status object.
-
-    Where nothing listens the connection is refused at once; the timeout only bounds a
-    server that accepted the connection (a busy daemon answers within it)."""
-    request = urllib.request.Request(url.rstrip("/") + "/api/status",
-                                     headers={"Accept": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-    try:
-        with opener.open(request, timeout=timeout) as response:
-            data = json.load(response)
-            return response.status == 200 and isinstance(data, dict) and "data_dir" in data
-    except (OSError, ValueError, urllib.error.URLError):
-        return False

@@ -67,12 +67,13 @@ def default_mapper(score: int, metadata: Mapping[str, Any], *, config: Any) -> f
     """(score - 3) / 2, moved further from 0 by ``critical_bonus`` for a critical rating, plus
     ``tag_adjustments`` of each tag. Not clipped here: the final reward is.
 
-    Examples with the defaults: 5 -> 1.0, 5 critical -> 1.5, 1 critical -> -1.5, 3 critical
+    A predicted score (the rating model's guess for a fresh reply) may be a float.
+    Examples with the defaults: 5 -> 1.0, 4.2 -> 0.6, 5 critical -> 1.5, 1 critical -> -1.5, 3 critical
     -> 0.0, 2 with "too technical" -> -0.7. Tags match ignoring case and extra spaces.
     """
     settings = rewards_settings(config)
-    if isinstance(score, bool) or not isinstance(score, int) or not 1 <= score <= 5:
-        raise ValueError(f"score must be a whole number 1-5, got {score!r}")
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not 1 <= score <= 5:
+        raise ValueError(f"score must be a number from 1 to 5, got {score!r}")
     reward = (score - 3) / 2
     if metadata.get("critical") and reward != 0:
         reward += math.copysign(float(settings["critical_bonus"]), reward)
@@ -120,6 +121,7 @@ def build_metadata(sample: Sample, now: datetime, *,
         "user_id": sample.user_id, "checkpoint_id": sample.checkpoint_id or "base",
         "temperature": sample.temperature,
         "settings": dict(settings) if settings is not None else {},
+        "predicted": bool(sample.predicted),
     }
 
 
@@ -129,14 +131,15 @@ def _aware(ts: datetime) -> datetime:
 
 # --- computing rewards ------------------------------------------------------------------
 
-def compute_rewards(config, samples: Sequence[Sample], *,
-                    now: datetime | None = None) -> list[RewardRow]:
-    """The reward, weight and critic values of each sample, in order.
+def compute_rewards(config, samples: Sequence[Sample], *, now: datetime | None = None,
+                    labels: list[str] | None = None) -> list[RewardRow]:
+    """The reward, weight and critic values of each sample, in order. ``labels`` name the
+    samples in error messages (default: "turn <id>").
 
     Raises HookError (file, line, message) if the hook or a critic fails on any sample;
     the error is logged and remembered for :func:`hook_status`. Never falls back.
     """
-    return _compute(config, samples, now=now, log_errors=True)
+    return _compute(config, samples, now=now, log_errors=True, labels=labels)
 
 
 def _compute(config, samples, *, now, log_errors: bool, remember: bool = True,

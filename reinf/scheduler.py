@@ -20,13 +20,18 @@ processes store (``reinf rate``, a standalone ``reinf chat``) are noticed by
 :meth:`Scheduler.poll_ratings`, which the daemon runs every few seconds. After a *failed*
 round it waits for ``train_after_ratings`` further ratings, so a broken reward hook does
 not restart a doomed round on every click.
+
+Every job time is read from the injected clock (``now``), not from APScheduler's own:
+with the real clock nothing changes, and a test that injects a clock ahead of real time
+finds that APScheduler's thread never starts a job. It moves the clock itself and runs
+what is due with :meth:`Scheduler.run_due`, so "nothing ran" is a fact, not a timing.
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -128,7 +133,8 @@ class Scheduler:
         minutes = self.config.schedule.train_interval_minutes
         if self.enabled and minutes > 0:
             self._aps.add_job(self._job, "interval", minutes=minutes, id="interval",
-                              args=["interval", False], replace_existing=True)
+                              args=["interval", False], replace_existing=True,
+                              next_run_time=self.now() + timedelta(minutes=minutes))
         log.info("scheduler started (interval %s min, after %s ratings%s)", minutes,
                  self.config.schedule.train_after_ratings, "" if self.enabled else ", off")
 
@@ -141,7 +147,8 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - the job boundary
                 log.exception("%s job failed", job_id)
         self._aps.add_job(job, "interval", seconds=seconds, id=job_id, name=job_id,
-                          replace_existing=True)
+                          replace_existing=True,
+                          next_run_time=self.now() + timedelta(seconds=seconds))
 
     def shutdown(self) -> None:
         """Stop scheduling; a round in progress is stopped by its runner, not here."""
@@ -161,6 +168,32 @@ class Scheduler:
     def busy(self) -> bool:
         return self._round.locked()
 
+    def run_due(self) -> list[str]:
+        """Run, on the calling thread, every job due by the injected clock, as APScheduler's
+        thread does when it wakes (a job late several times runs once; one later than its
+        misfire grace is dropped), then the rounds those jobs queued for now. Returns the
+        ids run, in order. For tests whose clock only they move; the server never calls it.
+        """
+        ran: list[str] = []
+        for _ in range(100):  # a job that queues itself for now again would loop forever
+            now = self.now()
+            due = [j for j in self._aps.get_jobs() if j.next_run_time and j.next_run_time <= now]
+            if not self._aps.running or not due:
+                return ran
+            for job in due:
+                last = upcoming = job.next_run_time
+                while upcoming and upcoming <= now:
+                    last, upcoming = upcoming, job.trigger.get_next_fire_time(upcoming, now)
+                if upcoming:
+                    job.modify(next_run_time=upcoming)
+                else:
+                    job.remove()
+                grace = job.misfire_grace_time
+                if grace is None or (now - last).total_seconds() <= grace:
+                    job.func(*job.args, **job.kwargs)
+                    ran.append(job.id)
+        raise RuntimeError(f"jobs keep coming due at {iso(self.now())}: ...{ran[-6:]}")
+
     # --- triggers --------------------------------------------------------------------
 
     def request(self, trigger: str = "request", *, force: bool = False) -> dict[str, Any]:
@@ -172,8 +205,8 @@ class Scheduler:
                 return {"started": False, "reason": BUSY, "run_id": self.current_run_id(),
                         "trigger": (self._current or {}).get("trigger") or self._pending}
             self._pending = trigger
-        self._aps.add_job(self._job, "date", id="train", args=[trigger, force],
-                          replace_existing=True)
+        self._aps.add_job(self._job, "date", run_date=self.now(), id="train",
+                          args=[trigger, force], replace_existing=True)
         return {"started": True, "trigger": trigger, "running": True}
 
     def notify_rating(self) -> None:
@@ -233,6 +266,12 @@ class Scheduler:
                     self._since_failure = 0
                 elif result["status"] in ("succeeded", "rejected"):
                     self._since_failure = math.inf
+            if result["status"] == "failed":
+                # Ratings stored before the failure (by other processes, not yet polled)
+                # are not new after it: the poll counts from here.
+                waiting = self.store.ratings_waiting()
+                with self._state:
+                    self._waiting_seen, self._notified = waiting, 0
         except Exception:  # noqa: BLE001 - never let a job kill the worker thread
             log.exception("training job (%s) failed", trigger)
         finally:

@@ -230,7 +230,7 @@ def service_status(config, *, platform: str | None = None,
                    environ: Mapping[str, str] | None = None,
                    exe_args: Sequence[str] | None = None) -> dict[str, Any]:
     """Installed? Up to date with this installation? What the service manager says."""
-    from reinf.daemon import probe_daemon
+    from reinf.remote import locate_server
 
     manager = get_manager(platform)
     path, text = _spec(config, manager, environ, exe_args)
@@ -238,7 +238,7 @@ def service_status(config, *, platform: str | None = None,
     current = path.read_text(encoding="utf-8") if installed else None
     out = {"manager": manager, "path": str(path), "installed": installed,
            "up_to_date": current == text if installed else None,
-           "active": None, "enabled": None, "daemon": probe_daemon(config)}
+           "active": None, "enabled": None, "daemon": locate_server(config)}
     if installed:
         out.update(_ask_manager(manager))
     return out

@@ -39,6 +39,7 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "schedule": schedule,
         "daemon": daemon or {"running": False},
         "reward_hook": _reward_hook_status(config),
+        "training": _training_status(config, store),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
         "trainer_log_file": str(config.data_dir / "logs" / "trainer.log"),
         "warnings": warnings,
@@ -56,6 +57,23 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         hook = out["reward_hook"]
         warnings.append(f"{hook['error']} — {hook.get('fix') or 'fix the hook'}"
                         " (training is paused until it works)")
+    return out
+
+
+def _training_status(config: Config, store) -> dict:
+    """The method, and what the newest round that got that far decided: its mode (rollouts,
+    or rated replies only) and why, and the rating model's reward consistency."""
+    out: dict[str, Any] = {"method": config.training.method, "last_mode": None,
+                           "last_mode_reason": None, "reward_consistency": None,
+                           "rating_model_ratings": None}
+    for run in store.list_runs(limit=10):
+        metrics = run.metrics or {}
+        if "mode" in metrics:
+            out.update(last_mode=metrics["mode"], last_mode_reason=metrics.get("mode_reason"),
+                       reward_consistency=metrics.get("rating_model_consistency"),
+                       rating_model_ratings=metrics.get("rating_model_ratings"),
+                       run_id=run.id)
+            break
     return out
 
 

@@ -6,12 +6,13 @@ objects. Writes run in ``BEGIN IMMEDIATE`` transactions (see reinf.db).
 """
 from __future__ import annotations
 
+import json
 import math
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterator, Sequence
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import Text, cast, delete, func, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, selectinload
 
@@ -209,7 +210,10 @@ class Store:
                 max_score: int | None = None, tag: str | None = None,
                 since: datetime | None = None, until: datetime | None = None,
                 oldest_first: bool = False) -> list[TurnRecord]:
-        """Turns with their ratings, newest first unless ``oldest_first``."""
+        """Turns with their ratings, newest first unless ``oldest_first``; at most ``limit``
+        rows are read (None: all)."""
+        if limit is not None and limit <= 0:
+            return []
         query = select(Turn).options(selectinload(Turn.rating), selectinload(Turn.conversation))
         if conversation_id is not None:
             query = query.where(Turn.conversation_id == conversation_id)
@@ -224,13 +228,20 @@ class Store:
             query = query.where(Turn.created_at >= since)
         if until is not None:
             query = query.where(Turn.created_at <= until)
+        if tag:
+            query = query.where(_tag_may_match(tag))
         query = query.order_by(Turn.id.asc() if oldest_first else Turn.id.desc())
+        records: list[TurnRecord] = []
         with self._session(write=False) as s:
-            turns = s.scalars(query).all()
-            records = [_turn(t) for t in turns]
-        if tag:  # tags are JSON; filter here rather than with dialect-specific JSON SQL
-            records = [r for r in records if r.rating and tag in r.rating.tags]
-        return records[:limit] if limit is not None else records
+            while True:  # one page, unless the tag pre-filter let rows through that miss it
+                want = None if limit is None else limit - len(records)
+                page = s.scalars(query.limit(want)).all()
+                records += [_turn(t) for t in page
+                            if not tag or (t.rating and tag in (t.rating.tags or []))]
+                if want is None or len(page) < want or len(records) >= limit:
+                    return records
+                last = page[-1].id  # keyset paging: go on after the last row read
+                query = query.where(Turn.id > last if oldest_first else Turn.id < last)
 
     def training_samples(self, limit: int) -> list[Sample]:
         """Rated turns usable for training, most recently rated first, at most ``limit``."""
@@ -416,6 +427,17 @@ class Store:
     def integrity_check(self) -> str:
         with self.engine.connect() as conn:
             return conn.execute(text("PRAGMA integrity_check")).scalar()
+
+
+def _tag_may_match(tag: str):
+    """SQL that keeps every rating whose JSON ``tags`` list holds ``tag``, and maybe a few
+    more, so that ``history(tag=..., limit=n)`` is cut in SQL. It is a LIKE on the JSON
+    text, which SQLite and PostgreSQL both run: the JSON type writes each tag as
+    ``json.dumps`` does, quotes included. The few rows it keeps wrongly (SQLite's LIKE
+    ignores ASCII case; the tag ``x"wrong`` is written with ``"wrong"`` inside it) are
+    dropped by the exact check in Python. ``autoescape`` makes ``%`` and ``_`` literal and
+    sets ``ESCAPE '/'``, so the JSON's backslashes are literal on PostgreSQL too."""
+    return cast(Rating.tags, Text).contains(json.dumps(tag), autoescape=True)
 
 
 # --- ORM -> record ------------------------------------------------------------------------

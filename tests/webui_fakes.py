@@ -5,6 +5,10 @@ with .conversation_id up front, iteration over text deltas, .stop(), .turn) and 
 every turn through the real Store, so the web layer runs the same code path as with the
 real engine. Its reply echoes the message word by word ("echo: <message>"), which lets
 tests check streaming, stored text and escaping exactly.
+
+Training and rollback go through a real reinf.daemon.Daemon, as under ``reinf serve``;
+only its round runner is FakeRunner (reinf.worker.ChildRunner's interface, no child
+process), so "Train now", the schedule and rollbacks run the production code.
 """
 from __future__ import annotations
 
@@ -107,16 +111,71 @@ class FakeChatService:
         return stream.turn
 
 
+class FakeRunner:
+    """ChildRunner's interface without the child: each round records its trigger, waits
+    for ``gate`` (set by default; clear it to hold a round) and ends with ``outcome``,
+    a failed round that wrote no rows unless a test gives another."""
+
+    def __init__(self, outcome=None):
+        from reinf.worker import Outcome
+
+        self.outcome = outcome or Outcome("failed", "nothing to learn")
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls: list[str] = []
+        self.pid: int | None = None
+        self.stop_reason: str | None = None
+
+    def current_run_id(self) -> int | None:
+        return None
+
+    def run(self, trigger: str, *, force: bool = False):
+        self.calls.append(trigger)
+        self.gate.wait(30)
+        return self.outcome
+
+    def stop(self, reason: str = "stopped at shutdown") -> None:
+        self.stop_reason = reason
+        self.gate.set()
+
+    def kill_now(self) -> None:
+        self.stop("killed")
+
+
+@pytest.fixture
+def build_daemon(config, store):
+    """``build_daemon(engine=None, *, runner=None, config=<the test's>)``: a started Daemon
+    over the test's store with a FakeRunner, scheduling off (``reinf serve --no-train``:
+    "Train now" still runs), shut down after the test. One per test: it holds the data
+    directory's server lock, as under ``reinf serve``."""
+    from reinf.daemon import Daemon
+
+    made = []
+
+    def build(engine=None, *, runner=None, config=config):
+        daemon = Daemon(config, store, engine, runner=runner or FakeRunner(), schedule=False)
+        made.append(daemon)
+        return daemon.start()
+    yield build
+    for daemon in made:
+        daemon.shutdown(timeout=5)
+
+
+@pytest.fixture
+def daemon(build_daemon):
+    return build_daemon()
+
+
 @pytest.fixture
 def fake_chat(store):
     return FakeChatService(store)
 
 
 @pytest.fixture
-def app(config, store, fake_chat):
+def app(config, store, fake_chat, daemon):
     from webui import create_app
 
-    return create_app(config, store=store, chat=fake_chat)
+    return create_app(config, store=store, chat=fake_chat, daemon=daemon)
 
 
 @pytest.fixture
@@ -131,6 +190,16 @@ def live(app):
 
     with BackgroundServer(app, threads=4) as server:
         yield server
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    """Poll ``condition`` until it is true or ``timeout`` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return bool(condition())
 
 
 def parse_sse(text: str) -> list[tuple[str, dict | str]]:

@@ -7,10 +7,10 @@ from importlib import metadata
 from flask import Blueprint, Response, jsonify, request
 
 from reinf.errors import BadInput, NotFound
-from webui.app import get_runtime
 from webui.params import (generation_args, get_id, get_text, query_bool, query_datetime,
                           query_int, query_text, read_json)
 from webui.reports import history_rows
+from webui.runtime import get_runtime
 from webui.streaming import SSE_HEADERS, Relay, sse
 
 bp = Blueprint("api", __name__, url_prefix="/api")
@@ -108,7 +108,7 @@ def rate(turn_ref: str):
     rating = runtime.store.rate(turn_id, body["score"], tags=body.get("tags"),
                                 comment=body.get("comment") or "",
                                 critical=body.get("critical", False))
-    runtime.control.notify_rating()
+    runtime.notify_rating()
     return jsonify(rating.to_dict())
 
 

@@ -29,8 +29,8 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from reinf.errors import BadInput, NotFound, ReinfError
-from webui.app import get_runtime
 from webui.params import get_id, get_number, read_json
+from webui.runtime import get_runtime
 from webui.streaming import SSE_HEADERS, Relay
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")

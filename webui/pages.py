@@ -7,7 +7,7 @@ import hmac
 
 from flask import Blueprint, make_response, redirect, render_template, request
 
-from webui.app import get_runtime
+from webui.runtime import get_runtime
 from webui.security import TOKEN_COOKIE
 
 bp = Blueprint("pages", __name__)

@@ -1,15 +1,73 @@
 """Read-only views the pages need: turns with the reward the current mapper gives them,
-and ratings grouped by the checkpoint that produced each reply."""
+and ratings grouped by the checkpoint that produced each reply.
+
+A custom reward hook runs in a child process (reinf.hooks), so the rewards it gives are
+cached per rated turn: the history page runs the hook only for turns it has not mapped
+yet. An entry is keyed by the mapper's version (the hook file's path, mtime and size, the
+rewards settings, the database) and the rating (turn id, updated_at); editing the hook,
+changing a setting or re-rating a turn maps again. Entries also expire after
+REWARD_CACHE_SECONDS, because a rating's weight (and whatever a hook makes of
+``age_days``) changes with time.
+"""
 from __future__ import annotations
 
+import json
 import logging
-from collections import defaultdict
-from typing import Any, Sequence
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from typing import Any, Callable, Hashable, Sequence
 
-from reinf.errors import ReinfError
+from reinf import hooks
+from reinf.errors import HookError, ReinfError
 from reinf.records import Sample, TurnRecord
+from reinf.rewards import compute_rewards, rewards_settings
 
 log = logging.getLogger("reinf.webui")
+
+REWARD_CACHE_SIZE = 5000         # rated turns (and failed batches) remembered
+REWARD_CACHE_SECONDS = 600.0     # then mapped again: weights decay with a rating's age
+
+
+class RewardCache:
+    """A bounded, thread-safe LRU whose entries expire ``max_age`` seconds after they
+    were stored."""
+
+    def __init__(self, size: int = REWARD_CACHE_SIZE, max_age: float = REWARD_CACHE_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.size = size
+        self.max_age = max_age
+        self.clock = clock
+        self._entries: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if self.clock() - entry[0] > self.max_age:
+                del self._entries[key]
+                return None
+            self._entries.move_to_end(key)
+            return entry[1]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._entries[key] = (self.clock(), value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+reward_cache = RewardCache()
 
 
 def build_sample(turn: TurnRecord) -> Sample:
@@ -30,21 +88,64 @@ def _field(row: Any, name: str) -> Any:
     return row.get(name) if isinstance(row, dict) else getattr(row, name, None)
 
 
+def mapper_version(config) -> tuple | None:
+    """What the mapped rewards depend on besides the rating: the database, the rewards
+    settings, and the hook file's path, mtime and size. None when the hook cannot be found
+    (compute_rewards then reports why, quickly and without a child process)."""
+    settings = rewards_settings(config)
+    try:
+        spec = hooks.parse_spec(settings["reward_mapper"], config.data_dir)
+        stat = spec.path.stat() if spec is not None else None
+    except (HookError, OSError):
+        return None
+    hook = None if spec is None else (str(spec.path), spec.function, stat.st_mtime_ns,
+                                      stat.st_size)
+    return config.db_url, json.dumps(settings, sort_keys=True, default=str), hook
+
+
 def map_rewards(config, turns: Sequence[TurnRecord]) -> tuple[dict[int, dict], str | None]:
     """{turn_id: {reward, weight, kept, human_reward}} for the rated turns, and the
-    hook's error if the mapper is broken (then no rewards, never an exception)."""
+    hook's error if the mapper is broken (then no rewards, never an exception). Only turns
+    missing from ``reward_cache`` reach the mapper, all in one call."""
     rated = [t for t in turns if t.rating is not None]
     if not rated:
         return {}, None
-    try:
-        from reinf.rewards import compute_rewards
-    except ImportError as exc:
-        if exc.name != "reinf.rewards":
-            log.exception("reward mapper import failed")
-        return {}, None if exc.name == "reinf.rewards" else f"reward mapper unavailable: {exc}"
+    version = mapper_version(config)
+    if version is None:
+        return run_mapper(config, rated)
+    keys = {t.id: (version, t.id, t.rating.updated_at) for t in rated}
+    out: dict[int, dict] = {}
+    missing = []
+    for turn in rated:
+        hit = reward_cache.get(keys[turn.id])
+        if hit is None:
+            missing.append(turn)
+        else:
+            out[turn.id] = hit
+    if not missing:
+        return out, None
+    failed_key = ("failed", *(keys[t.id] for t in missing))
+    error = reward_cache.get(failed_key)
+    if error is not None:
+        return {}, error
+    mapped, error = run_mapper(config, missing, failed_key=failed_key)
+    if error is not None:
+        return {}, error
+    for turn_id, row in mapped.items():
+        reward_cache.put(keys[turn_id], row)
+    return {**out, **mapped}, None
+
+
+def run_mapper(config, rated: Sequence[TurnRecord], *,
+               failed_key: Hashable | None = None) -> tuple[dict[int, dict], str | None]:
+    """map_rewards without the cache. The error of a broken hook (a ReinfError) is
+    remembered under ``failed_key``, so the same turns do not run it again; an unexpected
+    exception is logged and not remembered."""
     try:
         rows = compute_rewards(config, [build_sample(t) for t in rated])
     except ReinfError as exc:
+        if failed_key is not None:
+            reward_cache.put(failed_key, str(exc))
         return {}, str(exc)
     except Exception as exc:  # noqa: BLE001 - history must show even with a broken hook
         log.exception("reward mapper failed")

@@ -1,5 +1,6 @@
 """The JSON API of training (DESIGN §6): status, train now, runs, checkpoints, rollback,
-and the figures the training page charts."""
+and the figures the training page charts. Train now and rollback are the daemon's
+(reinf.daemon.Daemon); these routes only check the request and report its answer."""
 from __future__ import annotations
 
 import math
@@ -8,9 +9,9 @@ from flask import Blueprint, jsonify
 
 from reinf.errors import BadInput
 from reinf.status import collect_status
-from webui.app import get_runtime
 from webui.params import query_int, read_json
 from webui.reports import checkpoint_scores
+from webui.runtime import get_runtime
 
 bp = Blueprint("training", __name__, url_prefix="/api")
 
@@ -23,14 +24,12 @@ def is_number(value) -> bool:
 @bp.get("/status")
 def status():
     runtime = get_runtime()
-    schedule = runtime.control.schedule_info()
-    daemon = schedule if runtime.daemon is not None else None
-    out = collect_status(runtime.config, runtime.store, engine=runtime.engine, daemon=daemon)
+    schedule = runtime.schedule_info()
+    out = collect_status(runtime.config, runtime.store, engine=runtime.engine, daemon=schedule)
     out["next_run"] = schedule.get("next_run")
     out["schedule"] = schedule
-    out["training"] = runtime.control.training_state()
-    if runtime.daemon is not None:
-        out["training"]["running"] = bool(schedule.get("training", out["training"]["running"]))
+    out["training"] = {**out["training"], "running": bool(schedule.get("training", False)),
+                       "last_result": schedule.get("last_result")}
     return jsonify(out)
 
 
@@ -42,7 +41,7 @@ def train():
     force = body.get("force", False)
     if not isinstance(force, bool):
         raise BadInput("'force' must be true or false", key="force")
-    result = get_runtime().control.train_now(force=force)
+    result = get_runtime().daemon.train_now(force=force)
     if result.get("started") is False:
         reason = result.get("reason") or "training did not start"
         return jsonify({"error": reason, "status": 409, **result}), 409
@@ -71,7 +70,7 @@ def rollback():
                                or len(target) > 64):
         raise BadInput("'checkpoint_id' must be a checkpoint id or \"base\"", key="checkpoint_id",
                        fix="list them with GET /api/checkpoints")
-    return jsonify(get_runtime().control.rollback(target))
+    return jsonify(get_runtime().daemon.rollback(target))
 
 
 @bp.get("/stats")

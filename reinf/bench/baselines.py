@@ -2,8 +2,8 @@
 
 Both train the same LoRA adapter (``lora.*``, seeded like a fresh PPO adapter) on the same
 rated turns a PPO round would see (the newest ``replay_buffer_size``, through the same
-reward mapper), with the same budget: ``ppo_epochs`` passes in minibatches of
-``batch_size`` at ``learning_rate``. Each round continues from the active checkpoint,
+reward mapper) for ``ppo_epochs`` passes: SFT in minibatches of ``batch_size`` at
+``learning_rate``, as PPO; KTO with the settings TRL documents for it (below). Each round continues from the active checkpoint,
 writes a checkpoint with ``reinf.training.checkpoints`` (a zero value head: neither has a critic),
 records a training run, and activates it; the bench then hot-swaps it into the engine
 exactly as it does a PPO checkpoint. Neither has PPO's promotion gate.
@@ -13,11 +13,19 @@ exactly as it does a PPO checkpoint. Neither has PPO's promotion gate.
   (5 twice as strongly as 4 with the default mapper); 1-3 are ignored, since a negative
   weight would push the likelihood of a reply down without bound.
 - **KTO** (``kto``): TRL's ``KTOTrainer`` (trl >= 1.0: ``from trl import KTOTrainer``),
-  ratings 4-5 desirable, 1-2 undesirable, 3 dropped; beta 0.1 (TRL's default); the
-  desirable/undesirable weights balance the two classes as TRL recommends. The reference
-  is the base model (a second, frozen copy), the same anchor as PPO's KL penalty. TRL
-  tokenizes text itself, so each prompt is the decoded prompt token ids (chat template
-  included) and the completion is the reply text plus EOS.
+  ratings 4-5 desirable, 1-2 undesirable, 3 dropped, with the settings TRL's KTO docs
+  recommend ("Usage tips") rather than PPO's (``kto_settings``): beta 0.1 (KTOConfig's
+  default); learning rate 5e-6, the top of the 5e-7..5e-6 range the docs "strongly
+  recommend" (KTOConfig's default is 1e-6, the docs' ceiling for beta 0.1 on full models;
+  the top of the range because we train a LoRA adapter, which the docs say takes a higher
+  rate than full fine-tuning); a per-step batch of at least 4 (the KL estimate pairs each
+  prompt with another completion of the batch) and an effective batch of at least 16 by
+  gradient accumulation; desirable/undesirable weights that bring the weighted classes to
+  the 1:1 end of the docs' 1:1-4:3 range. Epochs stay ``ppo_epochs`` (the docs: "opt for
+  more epochs" rather than a higher rate) and the rate constant within a round, as PPO's.
+  The reference is the base model (a second, frozen copy), the same anchor as PPO's KL
+  penalty. TRL tokenizes text itself, so each prompt is the decoded prompt token ids (chat
+  template included) and the completion is the reply text plus EOS.
 """
 from __future__ import annotations
 
@@ -42,7 +50,10 @@ from reinf.worker import Outcome
 
 log = logging.getLogger("reinf.bench.baselines")
 BENCH_EXTRA = 'pip install -e ".[bench]"'
-KTO_BETA = 0.1
+KTO_BETA = 0.1                 # KTOConfig's default
+KTO_LEARNING_RATE = 5e-6       # top of the range TRL's KTO docs recommend (5e-7..5e-6)
+KTO_STEP_BATCH = 4             # TRL's KTO docs: a per-step batch of at least 4 ...
+KTO_EFFECTIVE_BATCH = 16       # ... and an effective batch of 16 to 128
 
 
 def check_trl() -> str:
@@ -223,6 +234,18 @@ def kto_weights(rows) -> tuple[float, float]:
     return 1.0, 1.0
 
 
+def kto_settings(config) -> dict[str, Any]:
+    """KTO's hyperparameters (TRL's documented recommendations, see the module docstring):
+    the per-step batch is ``batch_size`` (at least 4), accumulated to at least 16."""
+    step = max(KTO_STEP_BATCH, config.ppo.batch_size)
+    accumulation = max(config.ppo.gradient_accumulation_steps,
+                       math.ceil(KTO_EFFECTIVE_BATCH / step))
+    return {"learning_rate": KTO_LEARNING_RATE, "beta": KTO_BETA, "batch_size": step,
+            "gradient_accumulation_steps": accumulation, "effective_batch": step * accumulation,
+            "epochs": config.ppo.ppo_epochs, "lr_scheduler": "constant",
+            "class_weights": "balanced to 1:1 (kto_weights)"}
+
+
 def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, Any]:
     check_trl()
     import datasets
@@ -237,6 +260,7 @@ def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, A
     if not rows:
         return {"samples": 0, "why": "no rating of 1-2 or 4-5 to learn from"}
     desirable, undesirable = kto_weights(rows)
+    hp = kto_settings(config)
     ref = load_base(config, str(loaded.device)).model.eval().requires_grad_(False)
     work.mkdir(parents=True, exist_ok=True)
     cpu = str(loaded.device) == "cpu"
@@ -249,12 +273,11 @@ def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, A
     try:
         with quiet(), tempfile.TemporaryDirectory(dir=work) as out:
             args = KTOConfig(
-                output_dir=out, learning_rate=config.ppo.learning_rate,
-                num_train_epochs=config.ppo.ppo_epochs,
-                per_device_train_batch_size=max(2, config.ppo.batch_size),  # KTO needs >= 2
-                gradient_accumulation_steps=config.ppo.gradient_accumulation_steps,
+                output_dir=out, learning_rate=hp["learning_rate"],
+                num_train_epochs=hp["epochs"], per_device_train_batch_size=hp["batch_size"],
+                gradient_accumulation_steps=hp["gradient_accumulation_steps"],
                 lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                max_grad_norm=config.ppo.max_grad_norm, beta=KTO_BETA,
+                max_grad_norm=config.ppo.max_grad_norm, beta=hp["beta"],
                 desirable_weight=desirable, undesirable_weight=undesirable,
                 logging_strategy="no", save_strategy="no", report_to="none", use_cpu=cpu,
                 bf16=False, gradient_checkpointing=False, seed=seed, data_seed=seed,

@@ -1,5 +1,6 @@
-"""Generation speed: time to first token, tokens/s against a bare ``model.generate``, and
-the adapter swap pause. ``reinf bench speed`` builds on ``measure_generation``.
+"""Generation speed: time to first token, tokens/s against a bare ``model.generate``, the
+trainer's batched rollout sampling against the engine's single stream, and the adapter swap
+pause. ``reinf bench speed`` builds on ``measure_generation``.
 
 Every figure comes from one run on one machine, so the ratios are what to compare across
 machines; the absolute times are only meaningful with the machine named beside them.
@@ -33,6 +34,8 @@ QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                   max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1e6)
 SHAPES = {"qwen2.5-0.5b-shape": QWEN25_05B}
 PROMPTS = ("What is a cloud?", "Give me three tips for sleeping better.")
+ROLLOUT_PROMPTS = PROMPTS + ("Explain how a bicycle stays upright.",
+                             "Write a short note to a neighbour about a lost cat.")
 
 
 def build_shaped_model(tokenizer, dims: dict[str, Any] = QWEN25_05B, *, seed: int = 0,
@@ -137,14 +140,18 @@ def _sync(device: torch.device) -> None:
 def measure_generation(config_or_loaded: Config | LoadedModel, prompts: Sequence[str] = PROMPTS,
                        *, config: Config | None = None, max_new_tokens: int = 32,
                        repeats: int = 2, temperature: float = 1.0, top_p: float = 1.0,
-                       swaps: int = 3, seed: int = 0) -> dict[str, Any]:
+                       swaps: int = 3, seed: int = 0, rollout_batch: int = 16,
+                       rollouts_per_prompt: int = 4) -> dict[str, Any]:
     """Measure our streaming engine against ``model.generate`` on the same prompts.
 
     ``config_or_loaded``: a Config (the model is loaded as ``reinf chat`` would) or a
     LoadedModel (e.g. from ``build_shaped_model``; ``config`` then gives the engine's
     settings). Both sides sample exactly ``max_new_tokens`` tokens (EOS ignored), after one
-    warm-up each; runs alternate which goes first. ``swaps`` adapter swaps are timed with
-    random adapters shaped by the lora settings (0 skips them). Times are medians.
+    warm-up each; runs alternate which goes first. Then one batch of ``rollout_batch``
+    replies (``rollouts_per_prompt`` to each prompt) from the trainer's batched sampler, on
+    the same model and settings (``measure_rollouts``; 0 skips it). ``swaps`` adapter swaps
+    are timed with random adapters shaped by the lora settings (0 skips them). Times are
+    medians.
     """
     from reinf.engine import Engine
 
@@ -196,9 +203,77 @@ def measure_generation(config_or_loaded: Config | LoadedModel, prompts: Sequence
         "ratio": {"tokens_per_s": round(engine_tps / generate_tps, 3),
                   "ttft": round(med(e_ttft) / med(g_ttft), 3)},
     }
+    if rollout_batch > 0 and rollouts_per_prompt > 0:
+        # Before the swaps, so the model is still the bare one the engine was timed on.
+        n_prompts = -(-rollout_batch // rollouts_per_prompt)
+        texts = [ROLLOUT_PROMPTS[i % len(ROLLOUT_PROMPTS)] for i in range(n_prompts)]
+        rollouts = measure_rollouts(engine, [engine.build_prompt([], p, max_new_tokens=n)
+                                             for p in texts],
+                                    k=rollouts_per_prompt, batch_size=rollout_batch,
+                                    max_new_tokens=n, temperature=temperature, top_p=top_p,
+                                    repeats=repeats, seed=seed)
+        rollouts["ratio_to_engine"] = round(rollouts["tokens_per_s"] / engine_tps, 3)
+        result["rollouts"] = rollouts
     if swaps > 0:
         result["swap"] = measure_swaps(engine, cfg, swaps, lambda: ours(prompt_ids[0]), seed)
     return result
+
+
+def measure_rollouts(engine, prompt_ids: Sequence[Sequence[int]], *, k: int, batch_size: int,
+                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                     repeats: int = 1, seed: int = 0) -> dict[str, Any]:
+    """Tokens/s of the trainer's batched sampler (``sample_rollouts``): ``k`` replies to each
+    of the prompts, ``batch_size`` rows at a time, on the engine's model as it stands.
+
+    The sampler has no way to ignore EOS, so replies stop as in a real round, and a row that
+    stopped still rides in its batch until every row has. Only tokens actually sampled count
+    (the EOS included, as the engine counts it): a run's rate is the sum of its reply lengths
+    over the wall time of the call, prefill included as in the engine's latency, and
+    ``tokens_per_s`` is the median over ``repeats`` runs (seeds ``seed``, ``seed + 1``, ...).
+    ``occupancy`` is the share of row-steps that sampled a real token. Timed in a worker
+    thread, as the engine's replies are, after one short warm-up.
+    """
+    from reinf.training.rollouts import sample_rollouts
+
+    def run(max_new: int, run_seed: int) -> tuple[list, float]:
+        started = time.perf_counter()
+        replies = sample_rollouts(engine.model, engine.tokenizer, prompt_ids, k,
+                                  temperature=temperature, top_p=top_p, max_new_tokens=max_new,
+                                  seed=run_seed, batch_size=batch_size)
+        _sync(engine.device)
+        return replies, time.perf_counter() - started
+
+    _in_thread(run, 2, seed)  # warm-up: the first batched calls allocate and pick kernels
+    runs = [_in_thread(run, max_new_tokens, seed + r) for r in range(repeats)]
+    lengths = [[len(reply.reply_ids) for reply in replies] for replies, _ in runs]
+    stopped = sum(reply.finish_reason == "stop" for replies, _ in runs for reply in replies)
+    # Row-steps computed: each batch runs until its longest reply ends.
+    row_steps = sum(len(chunk) * max(chunk) for lens in lengths
+                    for chunk in (lens[i:i + batch_size] for i in range(0, len(lens), batch_size)))
+    tokens = sum(map(sum, lengths))
+    seconds = sum(elapsed for _, elapsed in runs)
+    rate = statistics.median(sum(lens) / elapsed for lens, (_, elapsed) in zip(lengths, runs))
+    replies = len(prompt_ids) * k
+    return {"model": engine.model_name, "batch_size": min(batch_size, replies),
+            "prompts": len(prompt_ids),
+            "replies_per_prompt": k, "replies": replies, "max_new_tokens": max_new_tokens,
+            "runs": repeats, "reply_lengths": lengths, "tokens_sampled": tokens,
+            "stopped_early": stopped,
+            "occupancy": round(tokens / row_steps, 3) if row_steps else None,
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(rate, 2)}
+
+
+def format_rollouts(r: dict[str, Any], sep: str = " ") -> str:
+    """The batched rate, as a multiple of the engine's single stream; ``sep``, then what
+    was sampled."""
+    ratio = r.get("ratio_to_engine")
+    against = f" = {ratio:.2f}× the engine's single stream" if ratio is not None else ""
+    return (f"{r['tokens_per_s']:.1f} tok/s at batch {r['batch_size']}{against}{sep}"
+            f"({r['prompts']} prompts × {r['replies_per_prompt']} replies, "
+            f"{r['tokens_sampled']} tokens sampled in {r['runs']} run(s), up to "
+            f"{r['max_new_tokens']} new each; {r['stopped_early']} stopped at EOS, occupancy "
+            f"{'-' if r['occupancy'] is None else format(r['occupancy'], '.0%')})")
 
 
 def measure_swaps(engine, cfg: Config, swaps: int, reply, seed: int = 0) -> dict[str, Any]:
@@ -236,6 +311,8 @@ def format_result(r: dict[str, Any]) -> str:
              f"  tokens/s: engine {r['engine']['tokens_per_s']:.1f}, generate "
              f"{r['generate']['tokens_per_s']:.1f} (ratio {r['ratio']['tokens_per_s']:.2f}; "
              f"generate from the main thread: {r['generate']['tokens_per_s_main_thread']:.1f})"]
+    if "rollouts" in r:
+        lines.append(f"  batched sampling: {format_rollouts(r['rollouts'])}")
     if "swap" in r:
         s = r["swap"]
         lines.append(f"  swap pause: new adapter {s['pause_ms_new_adapter']:.1f} ms, switch to a "
@@ -255,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--swaps", type=int, default=3)
+    parser.add_argument("--rollout-batch", type=int, default=16,
+                        help="replies sampled together by the batched sampler (0 skips it)")
+    parser.add_argument("--rollouts-per-prompt", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     cfg = load_config()
@@ -265,11 +345,15 @@ def main(argv: list[str] | None = None) -> int:
         source = args.tokenizer or str(demo_model_dir(cfg))
         loaded = build_shaped_model(AutoTokenizer.from_pretrained(source), SHAPES[args.model])
         result = measure_generation(loaded, PROMPTS, config=cfg, max_new_tokens=args.new_tokens,
-                                    repeats=args.repeats, swaps=args.swaps)
+                                    repeats=args.repeats, swaps=args.swaps,
+                                    rollout_batch=args.rollout_batch,
+                                    rollouts_per_prompt=args.rollouts_per_prompt)
     else:
         cfg = cfg.replace(model_path=args.model)
         result = measure_generation(cfg, PROMPTS, max_new_tokens=args.new_tokens,
-                                    repeats=args.repeats, swaps=args.swaps)
+                                    repeats=args.repeats, swaps=args.swaps,
+                                    rollout_batch=args.rollout_batch,
+                                    rollouts_per_prompt=args.rollouts_per_prompt)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0
 

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from reinf.modeling import quiet_peft
+from reinf.training.rating_model import rank, spearman  # noqa: F401 (re-exported)
 
 HELDOUT_ITEMS = 200
 
@@ -127,33 +128,3 @@ def last_values(values: torch.Tensor, mask: torch.Tensor) -> list[float]:
     """values (B, T) at each row's last real reply token -> B floats."""
     last = (mask.sum(1).long() - 1).clamp_min(0)
     return [float(v) for v in values[torch.arange(len(last)), last]]
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's rank correlation (ties get their average rank); None when either side is
-    constant or there are fewer than 3 pairs (it is undefined then)."""
-    if len(x) != len(y) or len(x) < 3:
-        return None
-    rx, ry = rank(x), rank(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx = sum((a - mx) ** 2 for a in rx)
-    syy = sum((b - my) ** 2 for b in ry)
-    if sxx == 0 or syy == 0:
-        return None
-    return sxy / math.sqrt(sxx * syy)
-
-
-def rank(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing the mean of their positions (as scipy's rankdata)."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks

@@ -5,7 +5,9 @@ Qwen2.5-0.5B's shape, saved to a temporary directory so the trainer child can lo
 fresh process (``python -m reinf.bench.speed``, so peak memory is that model's own) measures:
 
 1. generation: time to first token and tokens/s of the engine against a bare
-   ``model.generate`` on the same prompts, and the adapter swap pause
+   ``model.generate`` on the same prompts; the trainer's batched rollout sampler
+   (``sample_rollouts``, ``training.rollout_batch_size`` replies at once) in tokens/s against
+   the engine's single stream; and the adapter swap pause
    (``reinf.bench.generation.measure_generation``); then the process's peak RSS = **serving**;
 2. the chat while a real training round runs: ``rated turns`` replies are generated and
    rated in a temporary data directory, then the daemon's ``ChildRunner`` trains on them
@@ -84,9 +86,11 @@ def measure_model(config, name: str, *, turns: int, quick: bool) -> dict[str, An
             say("building a random Qwen2.5-0.5B-shaped model…")
             cfg = config.replace(model_path=save_shaped_model(config, Path(tmp) / "model"))
         loaded = load_model(cfg)
-        say("generation and swap pause…")
+        say("generation, batched sampling and swap pause…")
         gen = measure_generation(loaded, config=cfg, max_new_tokens=16 if quick else 32,
-                                 repeats=1 if quick else 2, swaps=2 if quick else 3)
+                                 repeats=1 if quick else 2, swaps=2 if quick else 3,
+                                 rollout_batch=cfg.training.rollout_batch_size,
+                                 rollouts_per_prompt=cfg.training.rollouts_per_prompt)
         rss_serving = peak_rss()
         say(f"chat during a training round on {turns} rated turns…")
         chat = measure_chat_during_round(cfg, loaded, Path(tmp) / "home", turns,
@@ -100,7 +104,8 @@ def measure_model(config, name: str, *, turns: int, quick: bool) -> dict[str, An
         "machine": machine(), "generation": {k: gen[k] for k in ("engine", "generate", "ratio",
                                                                  "new_tokens", "runs",
                                                                  "prompt_tokens")},
-        "swap": gen.get("swap"), "chat_while_training": chat,
+        "batched_sampling": gen.get("rollouts"), "swap": gen.get("swap"),
+        "chat_while_training": chat,
         "ppo_round": {k: round_[k] for k in (
             "samples", "prompt_tokens", "reply_tokens", "batch_size", "ppo_epochs", "epochs_run",
             "seconds_round", "seconds_bare_fwd_bwd", "ratio_round_to_bare", "threads",
@@ -197,6 +202,9 @@ def _gb(n: int | None) -> str:
 
 
 def format_speed(report: dict) -> str:
+    from reinf.bench.generation import format_rollouts
+
+    wrap = "\n" + " " * 24  # continuation lines line up under the figures
     lines = [f"reinf bench speed{' (quick)' if report['quick'] else ''}",
              f"  machine: {report['machine']}"]
     for r in report["models"]:
@@ -210,6 +218,8 @@ def format_speed(report: dict) -> str:
             f"  tokens/s              engine {g['engine']['tokens_per_s']:.1f}, model.generate "
             f"{g['generate']['tokens_per_s']:.1f}: ratio {g['ratio']['tokens_per_s']:.2f} "
             f"({g['new_tokens']} new tokens, {g['runs']} runs)",
+            *([f"  batched sampling      {format_rollouts(r['batched_sampling'], wrap)}"]
+              if r.get("batched_sampling") else []),
             f"  hot-swap pause        new adapter {fmt(s.get('pause_ms_new_adapter'), '.1f')} ms, "
             f"switch {fmt(s.get('pause_ms_switch'), '.2f')} ms, max "
             f"{fmt(s.get('pause_ms_max'), '.1f')} ms",

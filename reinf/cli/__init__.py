@@ -1,10 +1,10 @@
 """The ``reinf`` command line.
 
-This module holds the root group, the shared context and the one error
-boundary: a ReinfError (or ConfigError) raised anywhere below becomes a
-``click.ClickException`` with a message for the person; tracebacks appear only
-with ``--debug``. Commands live in the sibling modules, one per area, and are
-registered at the bottom of this file.
+This module holds the root group and its global options. The one error boundary
+is the root group's class, ``ReinfGroup`` in reinf/cli/common.py: a ReinfError
+(or ConfigError) raised anywhere below becomes a ``click.ClickException`` with a
+message for the person; tracebacks appear only with ``--debug``. Commands live in
+the sibling modules, one per area, and are registered at the bottom of this file.
 """
 from __future__ import annotations
 
@@ -46,18 +46,9 @@ def main(ctx: click.Context, config_path: str | None, home: str | None, debug: b
 
 
 def _register() -> None:
-    from reinf.cli import data, system
+    from reinf.cli import bench, chat, data, rewards, serve, service, system, train
 
-    for module in (data, system):
-        for command in module.COMMANDS:
-            main.add_command(command)
-    for name in ("chat", "train", "serve", "service", "rewards", "bench"):
-        try:
-            module = __import__(f"reinf.cli.{name}", fromlist=["COMMANDS"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"reinf.cli.{name}":
-                raise
-            continue
+    for module in (data, system, chat, train, serve, service, rewards, bench):
         for command in module.COMMANDS:
             main.add_command(command)
 

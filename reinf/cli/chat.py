@@ -40,18 +40,12 @@ def build_backend(app, url: str | None, *, quiet: bool = False,
 
     An unknown ``conversation_id`` fails here, before the slow model load."""
     from reinf.client import HttpBackend
-    from reinf.remote import connect_url
-    from reinf.remote import probe_daemon as read_server_lock
-    from reinf.repl import daemon_url, probe_daemon
+    from reinf.remote import find_server
 
     cfg = app.config
-    if url:
-        target = url
-    else:  # the server of this data directory (same DB), else the configured address
-        lock = read_server_lock(cfg)
-        target = (connect_url(lock) if lock.get("running") else None) or \
-            daemon_url(cfg.server.host, cfg.server.port)
-    if probe_daemon(target, token=cfg.server.auth_token):
+    # at --url, else the server of this data directory (same DB), else the configured address
+    target = find_server(cfg, url)
+    if target:
         backend = HttpBackend(target, cfg, generation=dict(app.overrides))
         if conversation_id is not None:
             backend.history(conversation_id, 1)

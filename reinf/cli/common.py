@@ -1,8 +1,8 @@
-"""What every command shares: the lazily built config and store, JSON output, errors."""
+"""What every command shares: the lazily built config and store, JSON output, and the
+CLI's one error boundary (``ReinfGroup``, the root group's class)."""
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Callable
 
 import click
@@ -78,12 +78,6 @@ def emit(data: Any, as_json: bool, text: Callable[[Any], None]) -> None:
         click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
     else:
         text(data)
-
-
-def not_available(what: str, issue: str) -> None:
-    """For commands whose parts land with a later issue: one line, exit status 2."""
-    click.echo(f"reinf {what}: not available yet ({issue} has not landed)", err=True)
-    sys.exit(2)
 
 
 def parse_turn(store, turn: str) -> int:

@@ -61,9 +61,9 @@ def status(app, as_json):
     """Model, device, active checkpoint, ratings waiting, last and next run, warnings."""
     from reinf.status import collect_status
 
-    from reinf.remote import fetch_schedule, probe_daemon
+    from reinf.remote import fetch_schedule, locate_server
 
-    daemon = probe_daemon(app.config)
+    daemon = locate_server(app.config)
     schedule = fetch_schedule(app.config) if daemon.get("running") else None
     data = collect_status(app.config, app.store, daemon=daemon, schedule=schedule)
     emit(data, as_json, _print_status)
@@ -85,6 +85,7 @@ def _print_status(d):
         f"last run:           " + (f"#{run['run_id']} {run['status']} {run['started_at']}"
                                    + (f" — {run['error']}" if run["error"] else "")
                                    if run else "none yet"),
+        f"training:           {_describe_training(d['training'])}",
         f"next run:           {d['next_run'] or 'when the daemon schedules it (reinf serve)'}",
         f"daemon:             " + ("running, pid %s" % d["daemon"].get("pid")
                                    if d["daemon"].get("running") else "not running"),
@@ -95,6 +96,16 @@ def _print_status(d):
     click.echo("\n".join(lines))
     for w in d["warnings"]:
         click.secho(f"warning: {w}", fg="yellow")
+
+
+def _describe_training(t: dict) -> str:
+    """'method rollouts; last round: rollouts (why); reward consistency 0.84'."""
+    text = f"method {t['method']}"
+    if t.get("last_mode"):
+        text += f"; last round: {t['last_mode']} ({t['last_mode_reason']})"
+    if t.get("reward_consistency") is not None:
+        text += f"; reward consistency (Spearman) {t['reward_consistency']:.2f}"
+    return text
 
 
 @click.group(name="config")

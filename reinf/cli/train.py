@@ -44,10 +44,10 @@ def train(app, once, force, as_json):
     Exit codes: 0 succeeded, 3 rejected by the promotion gate, 4 nothing new to
     train on, 5 reward hook broken, 6 model missing, 1 anything else.
     """
-    from reinf.remote import probe_daemon
+    from reinf.remote import locate_server
 
     config = app.config
-    daemon = probe_daemon(config)
+    daemon = locate_server(config)
     if daemon["running"]:
         code, payload, error = train_in_daemon(config, daemon, force=force, quiet=as_json)
     else:

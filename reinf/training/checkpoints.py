@@ -5,6 +5,8 @@ A checkpoint lives in ``<data_dir>/checkpoints/<id>/`` and holds:
 - ``adapter_config.json`` + ``adapter_model.safetensors``: the PEFT adapter, loadable with
   ``PeftModel.from_pretrained(base, path)``;
 - ``value_head.safetensors``: the PPO value head;
+- ``rating_model.safetensors``: the round's rating model (``reinf.training.rating_model``),
+  when the round fitted one; optional, since each round fits it afresh from the ratings;
 - ``trainer_state.pt``: optimizer state, KL controller, running reward statistics and the
   round / step counters (plain tensors and numbers: loads with ``weights_only=True``);
 - ``metrics.json``: the round's metrics and lineage (id, parent_id, run_id), written last.
@@ -33,6 +35,7 @@ from reinf.errors import TrainingError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 VALUE_HEAD = "value_head.safetensors"
+RATING_MODEL = "rating_model.safetensors"   # optional: not in REQUIRED
 TRAINER_STATE = "trainer_state.pt"
 METRICS = "metrics.json"
 REQUIRED = ADAPTER_FILES + (VALUE_HEAD, TRAINER_STATE, METRICS)
@@ -57,10 +60,12 @@ def is_complete(path: Path) -> bool:
 
 
 def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
-                     state: dict[str, Any], metrics: dict[str, Any]) -> Path:
+                     state: dict[str, Any], metrics: dict[str, Any],
+                     rating_model: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint atomically and return its final path.
 
-    ``model`` is the PEFT model (``save_pretrained`` writes only the adapter).
+    ``model`` is the PEFT model (``save_pretrained`` writes only the adapter);
+    ``rating_model`` the rating model's tensors (``RatingModel.state_dict()``), if any.
     """
     import torch
     from safetensors.torch import save_file
@@ -77,6 +82,9 @@ def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
         save_file({k: v.detach().float().cpu().contiguous()
                    for k, v in value_head.state_dict().items()}, str(tmp / VALUE_HEAD))
         torch.save(state, tmp / TRAINER_STATE)
+        if rating_model is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in rating_model.items()},
+                      str(tmp / RATING_MODEL))
         # metrics.json last: its presence marks the set complete.
         (tmp / METRICS).write_text(json.dumps(jsonable(metrics), indent=2, sort_keys=True),
                                    encoding="utf-8")
@@ -120,6 +128,14 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
         path=path, value_head=load_file(str(path / VALUE_HEAD)),
         state=torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True),
         metrics=json.loads((path / METRICS).read_text(encoding="utf-8")))
+
+
+def load_rating_model(path: Path) -> dict[str, Any] | None:
+    """The rating model's tensors saved in a checkpoint, or None if it has none."""
+    from safetensors.torch import load_file
+
+    file = Path(path) / RATING_MODEL
+    return load_file(str(file)) if file.is_file() else None
 
 
 def clean_stray(root: Path) -> list[Path]:

@@ -1,8 +1,9 @@
-"""PPO on rated replies: value head, GAE, weighted whitening, losses, KL control, update loop.
+"""PPO on rated replies: value head, advantages (GAE or RLOO), losses, KL control, update loop.
 
 Read it top to bottom like CleanRL's ppo.py: the round's batch (``b_*`` tensors), the
-no-grad pass that gives the old policy, the reference and the values, per-token rewards,
-GAE, whitening, then epochs over shuffled minibatches (``mb_*`` tensors), then the log.
+no-grad pass that gives the old policy, the reference and the values, the advantages,
+whitening, then epochs over shuffled minibatches (``mb_*`` tensors, one
+``minibatch_loss`` each), then the log.
 
 Each rated turn is one episode: the prompt is the state, the reply tokens are the actions,
 the mapped rating is the reward at the last reply token. Shapes: B rated turns, T reply
@@ -18,11 +19,36 @@ sample's own sampling temperature:
   penalty and ``approx_kl``, which measures how far *this round* moved the policy;
 - ref: the same model with the adapter disabled (no second copy of the model).
 
+Advantages (``Hyper.advantage``), both whitened over real tokens with the sample weights:
+- ``"gae"``: per-token rewards ``-kl_coef (logp_old - logp_ref)`` plus the reward at the last
+  token, GAE(gamma, lam) against the value head, which the clipped value loss trains;
+- ``"rloo"``: REINFORCE leave-one-out (Ahmadian et al. 2024, "Back to Basics"). An
+  episode's return is its reward minus ``kl_coef * sum_t (logp_old - logp_ref)``; every
+  token of episode i gets ``return_i`` minus the mean return of the *other* episodes of its
+  group (``Rollout.groups``: k replies to one prompt), or minus the batch mean when it is
+  alone in its group. No value head: the value loss is 0, the head is untouched and
+  ``explained_variance`` is nan.
+
+Diagnostics, each named by the policy it is measured against (weighted means over real
+reply tokens; per-minibatch figures are averaged over the round):
+- ``approx_kl``: k3 estimate ``(r - 1) - log r``, r = new / old: this round's movement;
+  the early stop (``target_kl``) reads it;
+- ``old_approx_kl``: CleanRL's ``-log r`` mean, r = new / old, the same movement;
+- ``clipfrac``: fraction of tokens whose ratio new / *behaviour* (the one PPO clips) lies
+  outside 1 ± ppo_clip, so it is above 0 for stale samples even before the first step;
+- ``staleness``: mean ``|logp_old - logp_behaviour|`` once per round: how far the adapter
+  moved since the replies were sampled, and any disagreement of serving and training
+  numerics (bf16 vs fp32);
+- ``explained_variance``: of the GAE returns by the round-start values.
+
 KL figures (``kl``, ``kl_target``, ``kl_max``) are per reply token, averaged over the
 round's tokens, in nats: ``kl`` is the exact KL(policy || base) over the whole vocabulary
 at each reply position, measured after the update; it drives the promotion gate and the
 adaptive controller. The per-token penalty uses the sampled-token estimate
 ``logp_old - logp_ref``.
+
+A non-finite minibatch loss or gradient norm raises ``NonFiniteLoss``; ``train_policy``
+catches it once, stops the round without applying that step and reports ``nan: True``.
 """
 from __future__ import annotations
 
@@ -50,6 +76,7 @@ class Rollout:
     temperature: Tensor     # (B,) sampling temperature of each reply
     rewards: Tensor         # (B,) mapped reward, given at the last reply token
     weights: Tensor         # (B,) sample weights from the reward mapper
+    groups: Tensor | None = None  # (B,) long: episodes with one id are replies to one prompt
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -61,11 +88,17 @@ class Rollout:
         return Rollout(self.input_ids[idx, :n_ctx], self.attention_mask[idx, :n_ctx],
                        self.positions[idx, :n_reply], self.actions[idx, :n_reply],
                        self.mask[idx, :n_reply], self.logp_behaviour[idx, :n_reply],
-                       self.temperature[idx], self.rewards[idx], self.weights[idx])
+                       self.temperature[idx], self.rewards[idx], self.weights[idx],
+                       None if self.groups is None else self.groups[idx])
 
 
-def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu") -> Rollout:
-    """``episodes``: (prompt_ids, reply_ids, logprobs, temperature, reward, weight) each."""
+def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
+                  groups: Sequence[int] | None = None) -> Rollout:
+    """``episodes``: (prompt_ids, reply_ids, logprobs, temperature, reward, weight) each;
+    ``groups``: one id per episode, shared by the k replies to one prompt (for RLOO)."""
+    if groups is not None and len(groups) != len(episodes):
+        raise ValueError(f"groups has {len(groups)} ids for {len(episodes)} episodes: "
+                         "give one group id per episode")
     n_ctx = max(len(p) + len(r) for p, r, *_ in episodes)
     n_reply = max(len(r) for _, r, *_ in episodes)
     b = len(episodes)
@@ -84,8 +117,10 @@ def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu")
         mask[i, :r] = 1.0
         logp[i, :r] = torch.tensor(list(lps), dtype=torch.float32)
     temps, rewards, weights = (torch.tensor([float(e[k]) for e in episodes]) for k in (3, 4, 5))
+    b_groups = None if groups is None else torch.tensor(list(groups), dtype=torch.long)
     return Rollout(*(t.to(device) for t in (input_ids, attention, positions, actions, mask, logp,
-                                            temps, rewards, weights)))
+                                            temps, rewards, weights)),
+                   groups=None if b_groups is None else b_groups.to(device))
 
 
 # --- the policy: LoRA model + value head --------------------------------------------------
@@ -171,7 +206,7 @@ def update_mode(model: nn.Module, gradient_checkpointing: bool = False):
         model.train(was_training)
 
 
-# --- rewards, GAE, whitening ----------------------------------------------------------------
+# --- rewards, advantages (GAE or RLOO), whitening -------------------------------------------
 
 def build_token_rewards(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor,
                         kl_coef: float) -> Tensor:
@@ -200,6 +235,28 @@ def compute_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam
     return advantages, (advantages + values) * mask
 
 
+def compute_rloo(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, kl_coef: float,
+                 groups: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """REINFORCE leave-one-out advantages -> (advantages (B, T), returns (B,)).
+
+    An episode's return is its reward minus ``kl_coef * sum_t (logp_t - logp_ref_t)`` over
+    its reply tokens (the undiscounted sum of ``build_token_rewards``). Its baseline is the
+    plain mean return of the other episodes of its group; an episode alone in its group
+    (every one when ``groups`` is None) gets the batch mean instead. Every real reply token
+    carries its episode's advantage; padding is 0.
+    """
+    returns = rewards - kl_coef * ((logp - logp_ref) * mask).sum(1)       # (B,)
+    if groups is None:
+        groups = torch.arange(len(returns), device=returns.device)
+    _, member = torch.unique(groups, return_inverse=True)               # (B,) dense group index
+    n_groups = int(member.max()) + 1
+    size = returns.new_zeros(n_groups).index_add_(0, member, torch.ones_like(returns))[member]
+    total = returns.new_zeros(n_groups).index_add_(0, member, returns)[member]
+    others = (total - returns) / (size - 1).clamp_min(1)                # mean of the rest
+    baseline = torch.where(size > 1, others, returns.mean())
+    return (returns - baseline)[:, None] * mask, returns
+
+
 def weighted_mean(x: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
     """Mean of x (B, T) over real tokens, each episode counted with its weight (B,)."""
     w = mask * weights[:, None]
@@ -215,11 +272,20 @@ def whiten(x: Tensor, mask: Tensor, weights: Tensor, eps: float = 1e-8) -> Tenso
 
 # --- losses and diagnostics ---------------------------------------------------------------
 
+def check_dual_clip(dual_clip: float) -> None:
+    """0 is off and c > 1 is on; anything else would be silently no dual clip."""
+    if not (dual_clip == 0 or dual_clip > 1):
+        raise ValueError(f"dual_clip {dual_clip} is not a dual clip: set 0 (off) or a bound "
+                         "above 1 (3 is usual)")
+
+
 def policy_loss(logratio: Tensor, advantages: Tensor, clip: float, dual_clip: float = 0.0
                 ) -> Tensor:
     """Per-token clipped surrogate, as a loss (B, T). ``dual_clip`` c > 1 also bounds the
     loss of a negative advantage at -c·A, so a stale sample with a huge ratio cannot blow
-    up the step (Ye et al. 2020); 0 turns it off."""
+    up the step (Ye et al. 2020); 0 turns it off. A c in (0, 1] is refused, not ignored: such
+    a bound would sit at or below the clipped loss and flatten every negative advantage."""
+    check_dual_clip(dual_clip)
     ratio = logratio.exp()
     loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip))
     if dual_clip > 1:
@@ -303,31 +369,45 @@ class RunningMoments:
 
 # --- the update loop --------------------------------------------------------------------
 
+ADVANTAGES = ("gae", "rloo")
+
+
 @dataclass
 class Hyper:
     """The PPO numbers a round uses, read once from config.ppo."""
-    batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    ppo_epochs: int = 4
-    ppo_clip: float = 0.2
-    value_clip: float = 0.2
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    dual_clip: float = 3.0
-    max_grad_norm: float = 1.0
-    target_kl: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    gradient_checkpointing: bool = False
+    batch_size: int = 8                     # rated turns per forward/backward minibatch
+    gradient_accumulation_steps: int = 1    # minibatches per optimizer step
+    ppo_epochs: int = 4                     # passes over the round's batch
+    ppo_clip: float = 0.2                   # clip range of the ratio new / behaviour
+    value_clip: float = 0.2                 # clip range of the value update
+    vf_coef: float = 0.5                    # weight of the value loss (gae only)
+    ent_coef: float = 0.0                   # weight of the entropy bonus
+    dual_clip: float = 3.0                  # bound c > 1 on stale samples' loss; 0 = off
+    max_grad_norm: float = 1.0              # gradient-norm clip; 0 = none
+    target_kl: float = 0.0                  # stop when an epoch's approx_kl exceeds it; 0 = never
+    gamma: float = 1.0                      # GAE discount
+    lam: float = 0.95                       # GAE lambda
+    gradient_checkpointing: bool = False    # recompute activations in the backward pass
+    advantage: str = "gae"                  # baseline: "gae" (value head) or "rloo" (groups)
+
+    def __post_init__(self) -> None:
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(ADVANTAGES)}")
+        check_dual_clip(self.dual_clip)
 
     @classmethod
     def from_config(cls, ppo) -> "Hyper":
-        return cls(**{n: getattr(ppo, n) for n in cls.__dataclass_fields__})
+        """Every field ``ppo`` has; a field it lacks keeps the default here."""
+        return cls(**{n: getattr(ppo, n) for n in cls.__dataclass_fields__ if hasattr(ppo, n)})
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A minibatch loss or a gradient norm is inf or nan: the round stops before that step."""
 
 
 def evaluate(policy: Policy, b: Rollout, batch_size: int, *, adapter: bool = True,
              values: bool = True) -> tuple[Tensor, Tensor]:
-    """No-grad log-probs (B, T) and values (B, T) of the whole batch."""
+    """No-grad log-probs (B, T) and values (B, T) of the whole batch (values 0 if not asked)."""
     logp, vals = torch.zeros_like(b.mask), torch.zeros_like(b.mask)
     with torch.no_grad():
         for start in range(0, len(b), batch_size):
@@ -353,6 +433,50 @@ def measure_kl(policy: Policy, b: Rollout, batch_size: int) -> Tensor:
     return kl
 
 
+# Per-minibatch diagnostics averaged into the round's metrics (see the module docstring).
+DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac")
+
+
+def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_old: Tensor,
+                   mb_logp_ref: Tensor, mb_values: Tensor, mb_returns: Tensor, hp: Hyper
+                   ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Forward one minibatch -> (loss with grad, no-grad scalar diagnostics).
+
+    The ``mb_*`` tensors are (b, T) slices of the round's batch, trimmed like ``mb``.
+    Raises NonFiniteLoss before anything is backpropagated if the loss is inf or nan.
+    """
+    gae = hp.advantage == "gae"
+    out = policy.forward(mb, values=gae, entropy_grad=hp.ent_coef > 0)
+    # PPO's ratio is new / behaviour: the policy that sampled the reply (off-policy correction).
+    logratio = (out.logp - mb.logp_behaviour).clamp(-20, 20)  # (b, T)
+    pg = weighted_mean(policy_loss(logratio, mb_advantages, hp.ppo_clip, hp.dual_clip),
+                       mb.mask, mb.weights)
+    if gae:
+        vf = weighted_mean(value_loss(out.values, mb_values, mb_returns, hp.value_clip),
+                           mb.mask, mb.weights)
+    else:  # RLOO's baseline is the other replies to the prompt: no value head to fit
+        vf = torch.zeros((), device=pg.device)
+    ent = weighted_mean(out.entropy, mb.mask, mb.weights)
+    loss = pg + hp.vf_coef * vf - hp.ent_coef * ent
+    if not torch.isfinite(loss):
+        parts = (float(x.detach()) for x in (loss, pg, vf, ent))
+        raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {})"
+                            .format(*parts))
+    with torch.no_grad():
+        old_logratio = out.logp - mb_logp_old  # new / old (round start): this round's movement
+        stats = {
+            "policy_loss": pg.detach(), "value_loss": vf.detach(), "entropy": ent.detach(),
+            "approx_kl": weighted_mean(approx_kl(old_logratio), mb.mask, mb.weights),
+            "old_approx_kl": weighted_mean(-old_logratio, mb.mask, mb.weights),
+            # against the behaviour policy, like the ratio that policy_loss clips
+            "clipfrac": weighted_mean(((logratio.exp() - 1).abs() > hp.ppo_clip).float(),
+                                      mb.mask, mb.weights),
+            # live KL to the base on the sampled tokens (k3: never negative), for progress
+            "kl": weighted_mean(approx_kl(mb_logp_ref - out.logp), mb.mask, mb.weights),
+        }
+    return loss, stats
+
+
 Progress = Callable[[dict], None]
 
 
@@ -361,82 +485,71 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                  progress: Progress | None = None) -> dict:
     """One PPO round over the prepared batch ``b``; returns CleanRL-named metrics."""
     started = time.perf_counter()
+    gae = hp.advantage == "gae"
     # 1. Old policy, reference and values, before any update (CleanRL's rollout phase).
     with update_mode(policy.model):
-        b_logp_old, b_values = evaluate(policy, b, hp.batch_size)
+        b_logp_old, b_values = evaluate(policy, b, hp.batch_size, values=gae)
         b_logp_ref, _ = evaluate(policy, b, hp.batch_size, adapter=False, values=False)
-    # 2. Per-token rewards with the KL penalty, then GAE and weighted whitening.
-    b_token_rewards = build_token_rewards(b.rewards, b_logp_old, b_logp_ref, b.mask, kl_ctl.coef)
-    b_advantages, b_returns = compute_gae(b_token_rewards, b_values, b.mask, hp.gamma, hp.lam)
+    staleness = float(weighted_mean((b_logp_old - b.logp_behaviour).abs(), b.mask, b.weights))
+    # 2. Advantages with the per-token KL penalty folded in, then weighted whitening.
+    if gae:
+        b_token_rewards = build_token_rewards(b.rewards, b_logp_old, b_logp_ref, b.mask,
+                                              kl_ctl.coef)
+        b_advantages, b_returns = compute_gae(b_token_rewards, b_values, b.mask, hp.gamma, hp.lam)
+    else:
+        b_advantages, _ = compute_rloo(b.rewards, b_logp_old, b_logp_ref, b.mask, kl_ctl.coef,
+                                       b.groups)
+        b_returns = b_values  # unused: no value loss
     b_adv_white = whiten(b_advantages, b.mask, b.weights)
-    # 3. Epochs over shuffled minibatches, gradient_accumulation_steps per optimizer step.
+    # 3. Epochs over shuffled minibatches. The minibatches of each optimizer step are the
+    #    same every epoch (only which samples fill them is reshuffled).
     params = policy.parameters()
     generator = torch.Generator().manual_seed(seed)
     n_mb = math.ceil(len(b) / hp.batch_size)
     total = hp.ppo_epochs * n_mb
-    log: dict[str, list[float]] = {k: [] for k in ("policy_loss", "value_loss", "entropy",
-                                                   "approx_kl", "clipfrac", "grad_norm")}
+    acc = hp.gradient_accumulation_steps
+    step_groups = [range(s, min(s + acc, n_mb)) for s in range(0, n_mb, acc)]
+    log: dict[str, list[float]] = {k: [] for k in (*DIAGNOSTICS, "grad_norm")}
     steps, epochs_run, early_stopped, nan = 0, 0, False, False
-    with update_mode(policy.model, hp.gradient_checkpointing):
-        for epoch in range(hp.ppo_epochs):
-            b_inds = torch.randperm(len(b), generator=generator).to(b.mask.device)
-            groups = [list(range(s, min(s + hp.gradient_accumulation_steps, n_mb)))
-                      for s in range(0, n_mb, hp.gradient_accumulation_steps)]
-            epoch_kl = []
-            for group in groups:
-                optimizer.zero_grad(set_to_none=True)
-                for j in group:
-                    mb_inds = b_inds[j * hp.batch_size:(j + 1) * hp.batch_size]
-                    mb = b.select(mb_inds)
-                    n_t = mb.mask.shape[1]
-                    mb_adv = b_adv_white[mb_inds, :n_t]
-                    mb_returns, mb_values = b_returns[mb_inds, :n_t], b_values[mb_inds, :n_t]
-                    mb_logp_old = b_logp_old[mb_inds, :n_t]
-
-                    out = policy.forward(mb, entropy_grad=hp.ent_coef > 0)
-                    logratio = (out.logp - mb.logp_behaviour).clamp(-20, 20)
-                    pg = weighted_mean(policy_loss(logratio, mb_adv, hp.ppo_clip, hp.dual_clip),
-                                       mb.mask, mb.weights)
-                    vf = weighted_mean(value_loss(out.values, mb_values, mb_returns,
-                                                  hp.value_clip), mb.mask, mb.weights)
-                    ent = weighted_mean(out.entropy, mb.mask, mb.weights)
-                    loss = pg + hp.vf_coef * vf - hp.ent_coef * ent
-                    if not torch.isfinite(loss):
-                        nan = True
-                        break
-                    (loss / len(group)).backward()
-                    with torch.no_grad():
-                        kl_mb = weighted_mean(approx_kl(out.logp - mb_logp_old), mb.mask, mb.weights)
-                        clipped = ((logratio.exp() - 1).abs() > hp.ppo_clip).float()
-                        clipfrac = weighted_mean(clipped, mb.mask, mb.weights)
-                        # live KL to the base on the sampled tokens (k3: never negative)
-                        kl_ref = weighted_mean(approx_kl(b_logp_ref[mb_inds, :n_t] - out.logp),
-                                               mb.mask, mb.weights)
-                    for name, value in (("policy_loss", pg), ("value_loss", vf), ("entropy", ent),
-                                        ("approx_kl", kl_mb), ("clipfrac", clipfrac)):
-                        log[name].append(float(value.detach()))
-                    epoch_kl.append(float(kl_mb))
-                    if progress:
-                        progress({"stage": "update", "epoch": epoch + 1, "epochs": hp.ppo_epochs,
-                                  "done": epoch * n_mb + j + 1, "total": total,
-                                  "loss": float(loss.detach()), "approx_kl": float(kl_mb),
-                                  "kl": float(kl_ref)})
-                if nan:
+    try:
+        with update_mode(policy.model, hp.gradient_checkpointing):
+            for epoch in range(hp.ppo_epochs):
+                epochs_run = epoch + 1
+                b_inds = torch.randperm(len(b), generator=generator).to(b.mask.device)
+                epoch_kl = []
+                for group in step_groups:
+                    optimizer.zero_grad(set_to_none=True)
+                    for j in group:
+                        mb_inds = b_inds[j * hp.batch_size:(j + 1) * hp.batch_size]
+                        mb = b.select(mb_inds)
+                        n_t = mb.mask.shape[1]
+                        loss, stats = minibatch_loss(
+                            policy, mb, b_adv_white[mb_inds, :n_t], b_logp_old[mb_inds, :n_t],
+                            b_logp_ref[mb_inds, :n_t], b_values[mb_inds, :n_t],
+                            b_returns[mb_inds, :n_t], hp)
+                        (loss / len(group)).backward()
+                        for name in DIAGNOSTICS:
+                            log[name].append(float(stats[name]))
+                        epoch_kl.append(float(stats["approx_kl"]))
+                        if progress:
+                            progress({"stage": "update", "epoch": epoch + 1,
+                                      "epochs": hp.ppo_epochs, "done": epoch * n_mb + j + 1,
+                                      "total": total, "loss": float(loss.detach()),
+                                      "approx_kl": float(stats["approx_kl"]),
+                                      "kl": float(stats["kl"])})
+                    grad_norm = nn.utils.clip_grad_norm_(params, hp.max_grad_norm or float("inf"))
+                    if not torch.isfinite(grad_norm):
+                        raise NonFiniteLoss(f"gradient norm is {float(grad_norm)}")
+                    log["grad_norm"].append(float(grad_norm))
+                    optimizer.step()
+                    steps += 1
+                if hp.target_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > hp.target_kl:
+                    early_stopped = True
                     break
-                grad_norm = nn.utils.clip_grad_norm_(params, hp.max_grad_norm or float("inf"))
-                if not torch.isfinite(grad_norm):
-                    nan = True
-                    break
-                log["grad_norm"].append(float(grad_norm))
-                optimizer.step()
-                steps += 1
-            optimizer.zero_grad(set_to_none=True)
-            epochs_run = epoch + 1
-            if nan:
-                break
-            if hp.target_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > hp.target_kl:
-                early_stopped = True
-                break
+    except NonFiniteLoss:
+        nan = True  # the failed step is never applied; the trainer's gate rejects the round
+    finally:
+        optimizer.zero_grad(set_to_none=True)
     # 4. Where the round left the policy: exact KL to the base, then the controller.
     with update_mode(policy.model):
         b_kl = measure_kl(policy, b, hp.batch_size)
@@ -447,9 +560,11 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     nan = nan or not all(torch.isfinite(p).all() for p in params)
     return {
         "reward_mean": float(b.rewards.mean()), "kl": kl, "approx_kl": mean["approx_kl"],
-        "clipfrac": mean["clipfrac"], "policy_loss": mean["policy_loss"],
+        "old_approx_kl": mean["old_approx_kl"], "clipfrac": mean["clipfrac"],
+        "staleness": staleness, "policy_loss": mean["policy_loss"],
         "value_loss": mean["value_loss"],
-        "explained_variance": explained_variance(b_values, b_returns, b.mask),
+        "explained_variance": (explained_variance(b_values, b_returns, b.mask) if gae
+                               else math.nan),
         "entropy": mean["entropy"], "samples": len(b), "tokens": int(b.mask.sum()),
         "kl_coef": kl_coef_used, "kl_coef_next": kl_ctl.coef, "grad_norm": mean["grad_norm"],
         "epochs_run": epochs_run, "steps": steps, "early_stopped": early_stopped,

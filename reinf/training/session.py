@@ -35,6 +35,7 @@ class Session:
     parent_id: str | None
     loaded: Any                      # reinf.modeling.LoadedModel
     warnings: list[str] = field(default_factory=list)
+    context_limit: int = 0           # longest prompt + reply the model takes, in tokens
 
 
 # --- model, adapter and state ---------------------------------------------------------------
@@ -136,7 +137,11 @@ def build_session(config, store) -> Session:
     if state.get("reward_stats"):
         stats.load_state_dict(state["reward_stats"])
     counters = {k: int(state.get(k, 0)) for k in ("round", "global_step", "samples_seen")}
-    return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings)
+    from reinf.modeling import get_context_limit
+
+    limit = get_context_limit(loaded.model, loaded.tokenizer)
+    return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings,
+                   context_limit=limit)
 
 
 def _after_rejection(store, parent_id: str | None) -> float:
@@ -159,9 +164,7 @@ def _lora_drift(config, peft_model) -> list[str]:
 def select_episodes(session: Session, kept) -> tuple[list[tuple], dict[str, int]]:
     """(prompt_ids, reply_ids, logprobs, temperature, reward, weight) per usable sample,
     and how many were skipped for which reason."""
-    from reinf.modeling import get_context_limit
-
-    max_ctx = get_context_limit(session.loaded.model, session.loaded.tokenizer)
+    max_ctx = session.context_limit
     vocab = session.policy.model.get_input_embeddings().num_embeddings
     skipped = {"logprobs_mismatch": 0, "too_long": 0, "no_prompt": 0, "bad_tokens": 0,
                "bad_temperature": 0}

@@ -1,27 +1,37 @@
-"""One training round: rated turns -> rewards -> LoRA PPO -> checkpoint -> runs row.
+"""One training round: ratings -> rating model -> fresh rollouts -> PPO -> checkpoint.
 
 ``train_round(config, store, ...)`` is the unit the scheduler, the CLI and the benchmark
-call. A round:
+call. It runs RLHF's two stages incrementally (docs/training.md):
 
-1. refuses when no rating arrived since the last finished round ("nothing new to train
-   on"), unless ``force``;
-2. records a ``training_runs`` row, reads the newest ``replay_buffer_size`` rated turns and
-   maps them to rewards and weights (``reinf.rewards``; a broken hook fails the run);
-3. loads the base model on the training device and continues from the ACTIVE checkpoint
-   (``reinf.training.session``): adapter, value head, optimizer state, KL controller, reward
-   statistics and counters; with the base model active, all of it starts fresh;
-4. runs PPO (``reinf.training.ppo``), then the promotion gate: a round with NaN, or whose KL per
-   reply token to the base exceeds ``kl_max``, is ``rejected``: its row is recorded, no
-   files are kept, and it is never activated; the next round from the same parent starts
-   with at least twice the rejected round's kl_coef so it does not repeat itself;
-5. writes the checkpoint atomically, records and activates it, applies retention, and
-   finishes the run with its metrics.
+1. it refuses when no rating arrived since the last finished round ("nothing new to train
+   on"), unless ``force``; it records a ``training_runs`` row, reads the newest
+   ``replay_buffer_size`` rated turns and maps them to rewards and weights
+   (``reinf.rewards``; a broken hook fails the run);
+2. loads the base model on the training device and continues from the ACTIVE checkpoint
+   (``reinf.training.session``); fits the **rating model** on every rating that is not
+   forgotten (``reinf.training.rating_model``); its cross-validated Spearman decides the
+   mode: ``rollouts`` once it is trustworthy, else ``rated`` (the cold start, and
+   ``training.method: rated``): PPO on the rated replies alone, as the first version did;
+3. in rollout mode, samples fresh replies from the current adapter for a few prompts
+   (``reinf.training.rollouts``), scores them with the rating model and the person's
+   reward mapper, and keeps the person's rated replies to the same prompts, with their
+   real score, in the batch;
+4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
+   (``ppo.advantage: rloo``) or the value head with GAE;
+5. the promotion gate: a round with NaN, whose KL per reply token to the base exceeds
+   ``kl_max``, or whose perplexity on the person's well-rated replies rose more than
+   ``training.max_perplexity_increase`` over the base, is ``rejected``: its row is
+   recorded, no files are kept, and it is never activated; after a KL rejection the next
+   round from the same parent starts with at least twice the rejected round's kl_coef;
+6. writes the checkpoint atomically (adapter, value head, rating model, state), records and
+   activates it, applies retention, and finishes the run with its metrics.
 
 Any failure finishes the run as ``failed`` with a one-line reason and raises a ReinfError
 for the person; the traceback goes to ``<data_dir>/logs/trainer.log`` only.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -100,14 +110,16 @@ def train_round(config, store, *, trigger: str = "manual", progress: Callable | 
 def _run(config, store, run_id: int, root: Path, progress, now, started) -> RoundResult:
     # torch and transformers load only once there is work: a round with nothing to do
     # (the daemon's child, every few minutes) stays cheap.
-    from reinf.training.ppo import Hyper, build_rollout, train_policy
     from reinf.rewards import compute_rewards
+    from reinf.training.ppo import Hyper, build_rollout, train_policy
     from reinf.training.session import build_session, select_episodes
 
     report = progress or (lambda event: None)
+    now = now or datetime.now(timezone.utc)
+    # 1. The person's ratings, mapped to rewards (a broken hook stops the round here).
     samples = store.training_samples(config.ppo.replay_buffer_size)
     report({"stage": "rewards", "samples": len(samples)})
-    rows = compute_rewards(config, samples, now=now or datetime.now(timezone.utc))
+    rows = compute_rewards(config, samples, now=now)
     by_turn = {row.turn_id: row for row in rows}
     kept = [(s, by_turn[s.turn_id]) for s in samples
             if s.turn_id in by_turn and by_turn[s.turn_id].kept]
@@ -118,27 +130,48 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
                             f"({_describe(skipped, len(samples) - len(kept))})",
                             fix="rate replies the current model produced (`reinf chat`)")
+    counters = session.counters
+    # 2. The rating model, fitted on every rating; it decides the round's mode.
+    plan = plan_round(config, store, session, report)
+    hp = Hyper.from_config(config.ppo)
+    groups = None
+    round_metrics: dict[str, Any] = {"mode": plan.mode, "mode_reason": plan.reason,
+                                     **plan.metrics}
+    if plan.mode == "rollouts":
+        # 3. Fresh replies from the current adapter, scored by the rating model and the
+        #    person's reward mapper; the rated replies to the same prompts join them.
+        episodes, groups, rollout_metrics = collect_rollouts(
+            config, session, plan.rating_model, samples, episodes, now=now,
+            seed=config.ppo.seed + counters["round"], report=report)
+        round_metrics.update(rollout_metrics)
+    else:
+        hp = dataclasses.replace(hp, advantage="gae")  # today's method, as it always was
     device = session.loaded.device
-    b = build_rollout(episodes, device)
+    b = build_rollout(episodes, device, groups=groups)
     session.reward_stats.update(b.rewards)
     if config.ppo.normalize_rewards:
         b.rewards = (b.rewards - session.reward_stats.mean) / max(session.reward_stats.std, 1e-6)
-    counters = session.counters
-    report({"stage": "update", "done": 0, "total": config.ppo.ppo_epochs
-            * math.ceil(len(b) / config.ppo.batch_size)})
-    metrics = train_policy(session.policy, session.optimizer, b, session.kl_ctl,
-                           Hyper.from_config(config.ppo),
+    # 4. PPO.
+    report({"stage": "update", "done": 0, "total": hp.ppo_epochs
+            * math.ceil(len(b) / hp.batch_size)})
+    metrics = train_policy(session.policy, session.optimizer, b, session.kl_ctl, hp,
                            seed=config.ppo.seed + counters["round"], progress=progress)
     counters = {"round": counters["round"] + 1,
                 "global_step": counters["global_step"] + metrics["steps"],
                 "samples_seen": counters["samples_seen"] + len(b)}
-    metrics.update(counters, reward_mean=sum(e[4] for e in episodes) / len(episodes),
+    metrics.update(counters, **round_metrics, advantage=hp.advantage,
+                   reward_mean=float(b.rewards.mean()) if not config.ppo.normalize_rewards
+                   else sum(e[4] for e in episodes) / len(episodes),
+                   human_reward_mean=sum(r.reward for _, r in kept) / max(len(kept), 1),
                    reward_stats_mean=session.reward_stats.mean,
                    reward_stats_std=session.reward_stats.std,
                    skipped=sum(skipped.values()), skipped_reasons=skipped,
                    dropped=len(samples) - len(kept), parent_id=session.parent_id,
                    device=str(device), warnings=session.warnings)
-    reason = gate(metrics, config.ppo.kl_max)
+    # 5. The promotion gate: NaN, KL to the base, fluency on well-rated replies.
+    report({"stage": "gate"})
+    metrics.update(measure_fluency(session, samples, hp.batch_size))
+    reason = gate(metrics, config.ppo.kl_max, config.training.max_perplexity_increase)
     ckpt_id = checkpoints.create_checkpoint_id(counters["round"])
     metrics["seconds"] = time.perf_counter() - started
     if reason:
@@ -153,22 +186,162 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         parent = session.parent_id or "the base model"
         return RoundResult(run_id, "rejected", metrics, ckpt_id,
                            f"round rejected: {reason}; {parent} stays active")
+    # 6. The checkpoint, written atomically, then promoted.
     report({"stage": "checkpoint", "checkpoint_id": ckpt_id})
     state = {"version": STATE_VERSION, "optimizer": session.optimizer.state_dict(),
              "kl_controller": session.kl_ctl.state_dict(),
              "reward_stats": session.reward_stats.state_dict(), **counters}
     lineage = {"checkpoint_id": ckpt_id, "parent_id": session.parent_id, "run_id": run_id,
                "base_model": session.loaded.name}
-    path = checkpoints.write_checkpoint(root, ckpt_id, model=session.policy.model,
-                                        value_head=session.policy.value_head, state=state,
-                                        metrics={**metrics, **lineage})
+    path = checkpoints.write_checkpoint(
+        root, ckpt_id, model=session.policy.model, value_head=session.policy.value_head,
+        state=state, metrics={**metrics, **lineage},
+        rating_model=plan.rating_model.state_dict() if plan.rating_model else None)
     metrics["seconds"] = time.perf_counter() - started
     promote(config, store, run_id, ckpt_id, path, parent_id=session.parent_id,
             metrics=metrics, samples=len(b))
     return RoundResult(run_id, "succeeded", metrics, ckpt_id,
-                       f"round {counters['round']}: checkpoint {ckpt_id} is active "
-                       f"({len(b)} samples, reward_mean {metrics['reward_mean']:.3f}, "
+                       f"round {counters['round']} ({plan.mode}): checkpoint {ckpt_id} is "
+                       f"active ({len(b)} samples, reward_mean {metrics['reward_mean']:.3f}, "
                        f"kl {metrics['kl']:.4f}/token, {metrics['seconds']:.1f} s)")
+
+
+# --- stage 1: the rating model ----------------------------------------------------------
+
+@dataclass
+class RoundPlan:
+    mode: str                       # "rollouts" | "rated"
+    reason: str                     # why, in words, for `reinf status`
+    rating_model: Any               # RatingModel | None
+    metrics: dict[str, Any]
+
+
+def plan_round(config, store, session, report) -> RoundPlan:
+    """Fit the rating model on every rating that is not forgotten and decide the mode: fresh
+    rollouts once it is trustworthy, else the rated replies alone (the cold start)."""
+    from reinf.training.rating_model import fit_rating_model, reply_features
+
+    t = config.training
+    if t.method == "rated":
+        return RoundPlan("rated", "training.method is rated", None, {})
+    report({"stage": "rating_model"})
+    started = time.perf_counter()
+    rated = [s for s in store.training_samples(t.rating_model_max) if usable(session, s)]
+    metrics: dict[str, Any] = {"rating_model_ratings": len(rated)}
+    if len(rated) < t.min_ratings:
+        return RoundPlan("rated", f"cold start: {len(rated)} of the {t.min_ratings} ratings the "
+                         "rating model needs (training.min_ratings)", None, metrics)
+    features = reply_features(session.policy.model, [(s.prompt_ids, s.reply_ids) for s in rated],
+                              batch_size=config.ppo.batch_size * 2)
+    model = fit_rating_model(features, [s.score for s in rated], heads=t.rating_heads,
+                             seed=config.ppo.seed + session.counters["round"])
+    metrics.update(rating_model_consistency=model.consistency,
+                   rating_model_strength=model.strength,
+                   rating_model_seconds=time.perf_counter() - started)
+    if model.consistency is None:
+        return RoundPlan("rated", "cold start: the ratings so far are all the same, so the "
+                         "rating model cannot be checked", model, metrics)
+    if model.consistency < t.min_consistency:
+        return RoundPlan("rated", f"cold start: the rating model's cross-validated Spearman "
+                         f"{model.consistency:.2f} is below training.min_consistency "
+                         f"{t.min_consistency}", model, metrics)
+    return RoundPlan("rollouts", f"the rating model predicts held-out ratings with Spearman "
+                     f"{model.consistency:.2f} (>= {t.min_consistency}, {len(rated)} ratings)",
+                     model, metrics)
+
+
+def usable(session, sample) -> bool:
+    """A rated turn the models can read: prompt and reply present, in the vocabulary, and
+    within the context."""
+    ids = list(sample.prompt_ids) + list(sample.reply_ids)
+    vocab = session.policy.model.get_input_embeddings().num_embeddings
+    return bool(sample.prompt_ids and sample.reply_ids) and min(ids) >= 0 \
+        and max(ids) < vocab and len(ids) <= session.context_limit
+
+
+# --- stage 2 and 3: rollouts and their rewards --------------------------------------------
+
+def collect_rollouts(config, session, rating_model, samples, episodes, *, now, seed: int,
+                     report) -> tuple[list[tuple], list[int], dict[str, Any]]:
+    """The round's episodes in rollout mode, with their group ids (one group per prompt).
+
+    Fresh replies are sampled from the current adapter for ``rollout_prompts`` prompts,
+    ``rollouts_per_prompt`` each, scored pessimistically by the rating model, and passed
+    through the person's reward mapper and critics with their own metadata. The person's
+    rated replies to the same prompts stay in the batch with their real score.
+    """
+    from reinf.records import Sample
+    from reinf.rewards import compute_rewards
+    from reinf.training.rating_model import reply_features
+    from reinf.training.rollouts import choose_prompts, sample_rollouts
+
+    t, g = config.training, config.generation
+    started = time.perf_counter()
+    fits = [s for s in samples if usable(session, s)]
+    max_new = t.rollout_max_new_tokens or g.max_new_tokens
+    fits = [s for s in fits if len(s.prompt_ids) + max_new <= session.context_limit] or fits
+    prompts = choose_prompts(fits, t.rollout_prompts, newest=math.ceil(t.rollout_prompts / 2),
+                             seed=seed)
+    text_of = {tuple(s.prompt_ids): s.prompt for s in fits}
+    total = len(prompts) * t.rollouts_per_prompt
+    report({"stage": "rollouts", "done": 0, "total": total})
+    rollouts = sample_rollouts(
+        session.policy.model, session.loaded.tokenizer, prompts, t.rollouts_per_prompt,
+        temperature=g.temperature, top_p=g.top_p, max_new_tokens=max_new, seed=seed,
+        batch_size=t.rollout_batch_size,
+        progress=lambda done, n: report({"stage": "rollouts", "done": done, "total": n}))
+    sampled = time.perf_counter()
+    features = reply_features(session.policy.model, [(r.prompt_ids, r.reply_ids) for r in rollouts],
+                              batch_size=config.ppo.batch_size * 2)
+    predicted = rating_model.score(features, t.pessimism).tolist()
+    fresh = [Sample(turn_id=0, conversation_id=0, turn_index=0, user_id="local",
+                    prompt=text_of.get(tuple(r.prompt_ids), ""), response=r.text,
+                    prompt_ids=r.prompt_ids, reply_ids=r.reply_ids, logprobs=r.logprobs,
+                    checkpoint_id=session.parent_id, score=score, tags=[], comment="",
+                    critical=False, rated_at=now, created_at=now, temperature=g.temperature,
+                    predicted=True)
+             for r, score in zip(rollouts, predicted)]
+    rows = compute_rewards(config, fresh, now=now,
+                           labels=[f"a fresh reply to prompt {r.group + 1} (predicted score "
+                                   f"{s:.2f})" for r, s in zip(rollouts, predicted)])
+    group_of = {tuple(p): i for i, p in enumerate(prompts)}
+    out, groups = [], []
+    for r, row in zip(rollouts, rows):
+        if row.kept:
+            out.append((r.prompt_ids, r.reply_ids, r.logprobs, g.temperature, row.reward, 1.0))
+            groups.append(r.group)
+    human = [e for e in episodes if tuple(e[0]) in group_of]
+    for e in human:  # a human label beats a prediction: the real score, in its prompt's group
+        out.append(e)
+        groups.append(group_of[tuple(e[0])])
+    return out, groups, {
+        "rollouts": len(rollouts), "rollout_prompts": len(prompts), "rated_in_batch": len(human),
+        "rollout_tokens": sum(len(r.reply_ids) for r in rollouts),
+        "predicted_score_mean": sum(predicted) / max(len(predicted), 1),
+        "rollout_seconds": sampled - started, "scoring_seconds": time.perf_counter() - sampled}
+
+
+# --- stage 5: the gate ----------------------------------------------------------------------
+
+def measure_fluency(session, samples, batch_size: int, limit: int = 32) -> dict[str, Any]:
+    """Perplexity of the policy and of the base on the person's well-rated replies (4-5),
+    the fluency figure of the promotion gate: a preference should make those replies more
+    likely, never less. Empty when no reply was rated 4 or 5."""
+    from reinf.training.ppo import build_rollout, evaluate, update_mode
+
+    good = [s for s in samples if s.score >= 4 and usable(session, s)][:limit]
+    if not good:
+        return {}
+    b = build_rollout([(s.prompt_ids, s.reply_ids, [0.0] * len(s.reply_ids), 1.0, 0.0, 1.0)
+                       for s in good], session.loaded.device)
+    with update_mode(session.policy.model):
+        new, _ = evaluate(session.policy, b, batch_size, values=False)
+        base, _ = evaluate(session.policy, b, batch_size, adapter=False, values=False)
+    tokens = float(b.mask.sum())
+    ppl_new = math.exp(-float((new * b.mask).sum()) / tokens)
+    ppl_base = math.exp(-float((base * b.mask).sum()) / tokens)
+    return {"fluency_perplexity": ppl_new, "fluency_perplexity_base": ppl_base,
+            "fluency_change": ppl_new / ppl_base - 1, "fluency_replies": len(good)}
 
 
 def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: str | None,
@@ -193,13 +366,18 @@ def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: 
              deleted or "nothing")
 
 
-def gate(metrics: dict[str, Any], kl_max: float) -> str | None:
+def gate(metrics: dict[str, Any], kl_max: float, max_perplexity_increase: float = math.inf
+         ) -> str | None:
     """Why a round must not be promoted, or None."""
     numbers = [metrics[k] for k in ("reward_mean", "kl", "policy_loss", "value_loss")]
     if metrics.get("nan") or not all(math.isfinite(x) for x in numbers):
         return "NaN in the round (loss, reward or weights)"
     if metrics["kl"] > kl_max:
         return f"KL to the base {metrics['kl']:.4f} per token exceeds kl_max {kl_max}"
+    change = metrics.get("fluency_change")
+    if change is not None and change > max_perplexity_increase:
+        return (f"perplexity on well-rated replies rose {change:+.1%} over the base, more than "
+                f"training.max_perplexity_increase {max_perplexity_increase:.0%}")
     return None
 
 
@@ -277,34 +455,51 @@ def apply_process_settings(config, *, nice: bool = False) -> None:
 
 
 class ProgressBar:
-    """A tqdm bar on stderr over epochs x minibatches, with live KL and loss."""
+    """Progress on stderr: a line per stage, a tqdm bar over the rollouts, and one over
+    epochs x minibatches with live KL and loss."""
     STAGES = {"rewards": "reading rated turns and computing rewards…",
-              "load": "loading the model…"}
+              "load": "loading the model…",
+              "rating_model": "fitting the rating model on your ratings…",
+              "rollouts": "sampling fresh replies for the rating model to score…",
+              "gate": "checking KL and fluency…"}
+    BARS = {"rollouts": ("rollouts", "reply"), "update": ("PPO", "minibatch")}
 
     def __init__(self, enabled: bool = True):
-        self.enabled, self.bar = enabled, None
+        self.enabled = enabled
+        self.bars: dict[str, Any] = {}
+        self.said: set[str] = set()
 
     def __call__(self, event: dict) -> None:
         if not self.enabled:
             return
         from tqdm import tqdm
 
-        if event["stage"] != "update":
-            if self.bar is None and event["stage"] in self.STAGES:
-                print(self.STAGES[event["stage"]], file=sys.stderr, flush=True)
+        stage = event["stage"]
+        if stage in self.STAGES and stage not in self.said:
+            self.said.add(stage)
+            print(self.STAGES[stage], file=sys.stderr, flush=True)
+        if stage not in self.BARS:
             return
-        if self.bar is None:
-            self.bar = tqdm(total=event["total"], desc="PPO", unit="minibatch", file=sys.stderr,
-                            dynamic_ncols=True)
+        bar = self.bars.get(stage)
+        if bar is None:
+            desc, unit = self.BARS[stage]
+            bar = self.bars[stage] = tqdm(total=event["total"], desc=desc, unit=unit,
+                                          file=sys.stderr, dynamic_ncols=True)
         if event.get("done"):
-            self.bar.update(event["done"] - self.bar.n)
-            self.bar.set_postfix_str(f"epoch {event['epoch']}/{event['epochs']} "
-                                     f"kl {event['kl']:.4f} approx_kl {event['approx_kl']:.4f} "
-                                     f"loss {event['loss']:+.4f}")
+            bar.update(event["done"] - bar.n)
+            if stage == "update":
+                bar.set_postfix_str(f"epoch {event['epoch']}/{event['epochs']} "
+                                    f"kl {event['kl']:.4f} approx_kl {event['approx_kl']:.4f} "
+                                    f"loss {event['loss']:+.4f}")
+
+    @property
+    def bar(self):
+        """The PPO bar, once the update has started (None before)."""
+        return self.bars.get("update")
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        for bar in self.bars.values():
+            bar.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from webui_fakes import app, fake_chat, live, parse_sse  # noqa: F401 - fixtures
+from webui_fakes import app, build_daemon, daemon, fake_chat, live, parse_sse  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -183,11 +183,12 @@ def test_malformed_json_is_400(live, raw):
     assert r.status_code == 400 and r.json()["error"]
 
 
-def test_oversize_bodies_are_413(config, store, fake_chat):
+def test_oversize_bodies_are_413(config, store, fake_chat, daemon):
     from webui import create_app
     from webui.server import BackgroundServer
 
-    app = create_app(config.replace(max_request_bytes=4096), store=store, chat=fake_chat)
+    app = create_app(config.replace(max_request_bytes=4096), store=store, chat=fake_chat,
+                     daemon=daemon)
     with BackgroundServer(app) as server:
         big = {"message": "x" * 10_000}
         r = requests.post(server.url + "/api/chat", json=big, timeout=10)
@@ -207,25 +208,20 @@ def test_oversize_bodies_are_413(config, store, fake_chat):
     assert store.counts()["turns"] == 0
 
 
-def test_long_messages_are_413_with_the_setting_named(config, store, fake_chat):
+def test_long_messages_are_413_with_the_setting_named(config, store, fake_chat, daemon):
     from webui import create_app
     from webui.server import BackgroundServer
 
-    app = create_app(config.replace(max_message_chars=50), store=store, chat=fake_chat)
+    app = create_app(config.replace(max_message_chars=50), store=store, chat=fake_chat,
+                     daemon=daemon)
     with BackgroundServer(app) as server:
         r = requests.post(server.url + "/api/chat", json={"message": "m" * 51}, timeout=10)
     assert r.status_code == 413 and r.json()["key"] == "max_message_chars"
 
 
-def test_status_checkpoints_runs_and_train(live, store, monkeypatch):
-    import webui.control as control
-
-    class Result:
-        status, run_id, checkpoint_id, message = "failed", 0, None, "no samples"
-
-    gate = threading.Event()
-    monkeypatch.setattr(control, "load_train_round",
-                        lambda: lambda *a, **k: (gate.wait(5), Result())[1])
+def test_status_checkpoints_runs_and_train(live, store, daemon):
+    gate = daemon.runner.gate
+    gate.clear()
     assert requests.get(live.url + "/api/status", timeout=10).json()["counts"]["turns"] == 0
     assert requests.get(live.url + "/api/checkpoints", timeout=10).json() == {
         "checkpoints": [], "active_checkpoint": "base"}

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from conftest import clean_env
+from webui_fakes import build_daemon  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -37,13 +38,14 @@ def engine(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture
-def server(engine, config, store):
+def server(engine, config, store, build_daemon):
     from reinf.chat import ChatService
     from webui import create_app
     from webui.server import BackgroundServer
 
     cfg = config.replace(model_path=engine.config.model.model_path, max_new_tokens=24)
-    app = create_app(cfg, store=store, chat=ChatService(engine, store, cfg), engine=engine)
+    app = create_app(cfg, store=store, chat=ChatService(engine, store, cfg), engine=engine,
+                     daemon=build_daemon(engine, config=cfg))
     with BackgroundServer(app) as running:
         yield running
 
@@ -88,10 +90,11 @@ def test_openai_client_with_the_real_engine(server, store):
 
 
 def test_reinf_chat_backend_over_http(server, store):
-    from reinf.client import HttpBackend, probe
+    from reinf.client import HttpBackend
+    from reinf.remote import probe_server
 
-    assert probe(server.url)["service"] == "reinf"
-    assert probe("http://127.0.0.1:9") is None
+    assert probe_server(server.url)["service"] == "reinf"
+    assert probe_server("http://127.0.0.1:9") is None
     backend = HttpBackend(server.url)
     assert "via " + server.url in backend.describe()
     handle = backend.send_stream("The quick brown fox", None)

@@ -6,7 +6,8 @@ import socket
 import pytest
 import requests
 
-from webui_fakes import FakeChatService, app, fake_chat, live  # noqa: F401 - fixtures
+from webui_fakes import (FakeChatService, app, build_daemon, daemon,  # noqa: F401 - fixtures
+                         fake_chat, live)
 
 pytestmark = pytest.mark.e2e
 
@@ -24,12 +25,12 @@ def outside_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def test_the_server_binds_loopback_by_default(config, store):
+def test_the_server_binds_loopback_by_default(config, store, daemon):
     from webui import create_app
     from webui.server import BackgroundServer
 
     assert config.server.host == "127.0.0.1"
-    app = create_app(config, store=store, chat=FakeChatService(store))
+    app = create_app(config, store=store, chat=FakeChatService(store), daemon=daemon)
     with BackgroundServer(app, host=config.server.host) as server:
         assert server.server.socket.getsockname()[0] == "127.0.0.1"
         assert requests.get(server.url + "/api/ping", timeout=5).status_code == 200
@@ -52,12 +53,12 @@ def test_a_foreign_host_header_is_400(live, store, host):
 
 
 @pytest.mark.parametrize("bind_setting", ["0.0.0.0", "127.0.0.1"])
-def test_with_an_auth_token_requests_need_it(config, store, bind_setting):
+def test_with_an_auth_token_requests_need_it(config, store, daemon, bind_setting):
     from webui import create_app
     from webui.server import BackgroundServer
 
     cfg = config.replace(host=bind_setting, auth_token="tok-123")
-    app = create_app(cfg, store=store, chat=FakeChatService(store))
+    app = create_app(cfg, store=store, chat=FakeChatService(store), daemon=daemon)
     # Bound to loopback in the test either way; the app applies the config's rules.
     with BackgroundServer(app) as server:
         r = requests.post(server.url + "/api/chat", json={"message": "hi"}, timeout=5)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from webui_fakes import app, fake_chat, live  # noqa: F401 - fixtures
+from webui_fakes import app, build_daemon, daemon, fake_chat, live  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -229,7 +229,7 @@ def test_history_filters_and_forget(browser, live, store):
 
 
 def test_training_page_shows_runs_hook_error_and_rolls_back(browser, config, store, tmp_path,
-                                                           fake_chat):
+                                                           fake_chat, build_daemon):
     from selenium.webdriver.common.by import By
 
     from webui import create_app
@@ -249,7 +249,7 @@ def test_training_page_shows_runs_hook_error_and_rolls_back(browser, config, sto
         store.finish_run(run.id, "succeeded", samples=4, checkpoint_id=f"ckpt-{n}",
                          metrics={"reward_mean": reward, "kl": 0.01, "clipfrac": 0.1})
     store.activate_checkpoint("ckpt-2")
-    app = create_app(cfg, store=store, chat=fake_chat)
+    app = create_app(cfg, store=store, chat=fake_chat, daemon=build_daemon(config=cfg))
     with BackgroundServer(app) as server:
         browser.get(server.url + "/training")
         wait(browser, lambda d: d.find_element(By.ID, "active-checkpoint").text == "ckpt-2")

@@ -6,6 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 WRITER = textwrap.dedent("""
     import sys
     from reinf.store import Store

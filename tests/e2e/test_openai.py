@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from webui_fakes import app, fake_chat, live  # noqa: F401 - fixtures
+from webui_fakes import app, build_daemon, daemon, fake_chat, live  # noqa: F401 - fixtures
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.e2e
@@ -108,13 +108,13 @@ def test_errors_reach_the_client_as_openai_errors(client):
                                        messages=[{"role": "user", "content": "hi"}])
 
 
-def test_an_auth_token_is_the_api_key(config, store):
+def test_an_auth_token_is_the_api_key(config, store, daemon):
     from webui import create_app
     from webui.server import BackgroundServer
     from webui_fakes import FakeChatService
 
     app = create_app(config.replace(auth_token="key-42"), store=store,
-                     chat=FakeChatService(store))
+                     chat=FakeChatService(store), daemon=daemon)
     with BackgroundServer(app) as server:
         wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
         with pytest.raises(openai.AuthenticationError):

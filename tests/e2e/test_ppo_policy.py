@@ -1,5 +1,7 @@
 """The policy forward and the update loop on a tiny LoRA model: off-policy ratios,
-temperature, dropout off, gradient checkpointing."""
+temperature, dropout off, gradient checkpointing, the RLOO baseline."""
+import math
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -76,6 +78,11 @@ def test_ratio_is_taken_against_the_stored_behaviour_logprobs(model_dir):
     assert fresh["policy_loss"] != pytest.approx(stale["policy_loss"])
     assert fresh["approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert stale["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert stale["old_approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    # staleness: how far the round-start adapter is from the one that sampled the reply
+    assert fresh["staleness"] == pytest.approx(0.0, abs=1e-5)
+    gap = sum(abs(a - b) for a, b in zip(current, older)) / len(current)
+    assert stale["staleness"] == pytest.approx(gap, rel=1e-3)
 
 
 def test_update_changes_the_adapter_and_value_head(model_dir):
@@ -89,6 +96,46 @@ def test_update_changes_the_adapter_and_value_head(model_dir):
     assert any(not torch.equal(a, b) for a, b in zip(before[:-2], after[:-2]))  # LoRA
     assert not torch.equal(before[-2], after[-2])                               # value head
     assert metrics["kl"] > 0 and metrics["approx_kl"] > 0
+
+
+def test_rloo_trains_the_adapter_towards_the_reward_and_leaves_the_value_head(model_dir):
+    policy = build_policy(model_dir)
+    good, bad, other = [tk.GOOD, 77, 12, 2], [tk.BAD, 70, 12, 2], [1, 5, 6, 1]
+    policy.model.eval()
+    eps = [(prompt, reply, tk.reply_logprobs(policy.model, prompt, reply, T), T, reward, 1.0)
+           for prompt in (PROMPT, other) for reply, reward in ((good, 1.0), (bad, -1.0))]
+
+    def preference() -> float:  # log p(good reply) - log p(bad reply), on both prompts
+        return sum(sum(tk.reply_logprobs(policy.model, p, good, T))
+                   - sum(tk.reply_logprobs(policy.model, p, bad, T)) for p in (PROMPT, other))
+
+    before, pref_before = [p.detach().clone() for p in policy.parameters()], preference()
+    b = build_rollout(eps, groups=[0, 0, 1, 1])
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)  # weight decay would move a zero grad
+    metrics = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+                           Hyper(batch_size=2, ppo_epochs=2, advantage="rloo"))
+    after = policy.parameters()
+    assert not metrics["nan"] and metrics["steps"] == 4
+    assert any(not torch.equal(x, y) for x, y in zip(before[:-2], after[:-2]))  # LoRA moved
+    assert all(torch.equal(x, y) for x, y in zip(before[-2:], after[-2:]))      # value head not
+    assert all(p.grad is None for p in policy.value_head.parameters())
+    assert metrics["value_loss"] == 0.0 and math.isnan(metrics["explained_variance"])
+    policy.model.eval()
+    assert preference() > pref_before + 0.1
+
+
+def test_non_finite_gradient_stops_the_round(model_dir):
+    policy = build_policy(model_dir)
+    lora = next(p for n, p in policy.model.named_parameters() if "lora_B" in n)
+    lora.register_hook(lambda grad: grad * float("nan"))  # finite loss, nan gradient
+    b = build_rollout([(PROMPT, REPLY, [-1.0] * 4, T, 1.0, 1.0)] * 2)
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = train_policy(policy, torch.optim.AdamW(policy.parameters(), lr=1e-2), b,
+                           KLController(0.05, 0.05, 1000), Hyper(batch_size=1))
+    assert metrics["nan"] and metrics["steps"] == 0 and metrics["epochs_run"] == 1
+    assert math.isfinite(metrics["policy_loss"])  # the losses were fine, the gradient was not
+    assert all(torch.equal(x, y) for x, y in zip(before, policy.parameters()))
+    assert all(p.grad is None for p in policy.parameters())
 
 
 def test_dropout_is_off_during_update_passes_even_with_checkpointing(model_dir):
@@ -215,12 +262,14 @@ def test_unusable_samples_are_skipped_and_counted(model_dir):
     from datetime import datetime, timezone
     from types import SimpleNamespace
 
+    from reinf.modeling import get_context_limit
     from reinf.records import Sample
     from reinf.training.session import select_episodes
 
     policy = build_policy(model_dir)
-    session = SimpleNamespace(loaded=SimpleNamespace(model=policy.model.get_base_model(),
-                                                     tokenizer=None), policy=policy)
+    base = policy.model.get_base_model()
+    session = SimpleNamespace(loaded=SimpleNamespace(model=base, tokenizer=None), policy=policy,
+                              context_limit=get_context_limit(base, None))
     now = datetime.now(timezone.utc)
 
     def sample(prompt, reply, logprobs, temperature=1.0):

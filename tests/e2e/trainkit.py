@@ -27,8 +27,13 @@ def make_model(tmp_path: Path, seed: int = 0) -> Path:
 
 
 def train_config(home: Path, model_dir: Path, **overrides):
-    """A config for fast CPU rounds on the tiny model (public setting names)."""
-    settings = dict(model_path=str(model_dir), device="cpu", learning_rate=2e-3, batch_size=8,
+    """A config for fast CPU rounds on the tiny model (public setting names).
+
+    ``training.method`` is ``rated`` (PPO on the rated replies alone, the cold-start mode)
+    unless a test asks for ``training_method="rollouts"``: these helpers' tests check that
+    method's maths; tests/e2e/test_rollouts.py covers the rating model and the rollouts."""
+    settings = dict(model_path=str(model_dir), device="cpu", training_method="rated",
+                    learning_rate=2e-3, batch_size=8,
                     ppo_epochs=2, lora_r=8, lora_alpha=16, lora_dropout=0.0,
                     lora_target_modules=ALL_LINEAR, kl_coef=0.02, kl_max=1.0, target_kl=0.0,
                     half_life_days=0.0, replay_buffer_size=64, keep_best=2)

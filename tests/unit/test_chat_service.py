@@ -5,9 +5,6 @@ returns a real ReplyStream; only the token source is scripted.
 """
 from __future__ import annotations
 
-import http.server
-import json
-import socket
 import threading
 import time
 
@@ -16,8 +13,7 @@ import pytest
 from reinf.chat import ChatService
 from reinf.engine import Engine, Reply, ReplyStream
 from reinf.errors import BadInput, ModelError, NotFound
-from reinf.repl import (RATE_PROMPT, USER_PROMPT, LocalBackend, Repl, parse_rating,
-                        probe_daemon)
+from reinf.repl import RATE_PROMPT, USER_PROMPT, LocalBackend, Repl, parse_rating
 from tiny import build_tiny_tokenizer
 
 
@@ -277,39 +273,3 @@ def test_parse_rating():
     for bad in ("0", "6", "4.5", "x", "-1"):
         with pytest.raises(BadInput):
             parse_rating(bad)
-
-
-# --- finding a daemon ----------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_probe_is_false_when_nothing_listens():
-    started = time.time()
-    assert probe_daemon(f"http://127.0.0.1:{free_port()}") is False
-    assert time.time() - started < 2
-
-
-@pytest.mark.parametrize("body,found", [({"data_dir": "/x", "daemon": {}}, True),
-                                        ({"hello": "world"}, False), ([1, 2], False)])
-def test_probe_finds_only_a_server_that_answers_like_reinf(body, found):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            data = json.dumps(body).encode()
-            self.send_response(200 if self.path == "/api/status" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        assert probe_daemon(f"http://127.0.0.1:{server.server_port}") is found
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -9,7 +9,6 @@ import click
 import pytest
 
 from conftest import clean_env
-from reinf.cli.common import not_available
 
 
 @pytest.fixture
@@ -91,7 +90,7 @@ def test_status_and_config_show(invoke, seeded, home):
     assert status["active_checkpoint"] == "base"
     shown = json.loads(invoke("config", "show", "--json").output)
     assert shown["storage"]["data_dir"] == str(home)
-    assert shown["ppo"]["learning_rate"] == pytest.approx(1e-4)
+    assert shown["ppo"]["learning_rate"] == pytest.approx(1e-3)
 
 
 def test_config_error_stops_the_command(invoke, home, monkeypatch):
@@ -106,15 +105,6 @@ def test_db_upgrade(invoke):
     assert first["to"] == first["head"]
     again = json.loads(invoke("db", "upgrade", "--json").output)
     assert again["from"] == again["to"]
-
-
-def test_not_available_is_one_line_and_exit_2(runner):
-    @click.command()
-    def later():
-        not_available("later", "the Later issue")
-    result = runner.invoke(later)
-    assert result.exit_code == 2
-    assert result.output.strip() == "reinf later: not available yet (the Later issue has not landed)"
 
 
 def test_every_command_has_help(runner):

@@ -16,7 +16,7 @@ def write(path, text):
 
 def test_defaults_are_typed_and_frozen(home):
     cfg = load_config(environ={"REINF_HOME": str(home)})
-    assert cfg.ppo.learning_rate == pytest.approx(1e-4)
+    assert cfg.ppo.learning_rate == pytest.approx(1e-3)
     assert cfg.server.port == 8765 and cfg.server.host == "127.0.0.1"
     assert cfg.data_dir == home
     assert cfg.db_url == f"sqlite:///{home / 'reinf.db'}"

@@ -1,21 +1,24 @@
-"""The server's lock file between real processes, and talking to a running server."""
+"""The server's lock file between real processes, and finding and talking to a running
+server."""
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from conftest import clean_env
-from reinf.daemon import notify_rollback, probe_daemon, request_train
 from reinf.errors import Conflict, ReinfError
 from reinf.lock import acquire_lock, lock_path
-from reinf.remote import Unreachable, fetch_schedule
+from reinf.remote import (Unreachable, build_url, fetch_schedule, find_server, locate_server,
+                          notify_rollback, probe_server, request_train)
 
 HOLDER = textwrap.dedent("""
     import sys
@@ -45,12 +48,12 @@ def test_second_server_is_refused_with_a_clear_message_then_takes_over(config, h
         assert f"another reinf serve (pid {proc.pid}, http://127.0.0.1:9999/)" in message
         assert str(config.data_dir) in message
         assert "stop it first, or set REINF_HOME to another directory" in message
-        probe = probe_daemon(config)
+        probe = locate_server(config)
         assert probe["running"] is True and probe["pid"] == proc.pid
         assert probe["url"] == "http://127.0.0.1:9999/" and probe["started_at"]
         proc.kill()  # like kill -9: no chance to clean up; the kernel drops the flock
         proc.wait()
-        assert probe_daemon(config)["running"] is False
+        assert locate_server(config)["running"] is False
         lock = acquire_lock(config, host="127.0.0.1", port=8766)
         info = json.loads(lock_path(config).read_text())
         assert info["pid"] == os.getpid() and info["port"] == 8766
@@ -71,20 +74,20 @@ def test_a_clean_release_lets_the_next_server_start(config, home):
     proc.stdin.close()
     proc.stdout.close()
     assert lock_path(config).read_text() == ""
-    assert probe_daemon(config)["running"] is False
+    assert locate_server(config)["running"] is False
     with acquire_lock(config) as lock:
-        assert lock.held and probe_daemon(config)["pid"] == os.getpid()
-    assert not lock.held and probe_daemon(config)["running"] is False
+        assert lock.held and locate_server(config)["pid"] == os.getpid()
+    assert not lock.held and locate_server(config)["running"] is False
 
 
 def test_a_stale_file_of_a_dead_process_is_taken_over(config):
     path = lock_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": 999999, "url": "http://127.0.0.1:1/"}))
-    assert probe_daemon(config)["running"] is False
+    assert locate_server(config)["running"] is False
     with acquire_lock(config, url="http://127.0.0.1:2/") as lock:
         lock.update(url="http://127.0.0.1:3/", port="8771")  # waitress gives text
-        probe = probe_daemon(config)
+        probe = locate_server(config)
         assert probe["url"] == "http://127.0.0.1:3/" and probe["port"] == 8771
 
 
@@ -232,3 +235,86 @@ def test_reinf_train_reports_the_servers_round_like_a_foreground_one(config, hom
     assert result.exit_code == 4
     assert json.loads(result.stdout)["error"] == "nothing_to_train"
     assert not (home / "train.lock").exists()  # nothing trained here
+
+
+# --- finding a server ----------------------------------------------------------------------
+
+PING = {"service": "reinf", "version": "0.1", "model": "tiny", "chat": True}
+
+
+def free_port() -> int:
+    """A port nothing listens on: a connection there is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Pinged(BaseHTTPRequestHandler):
+    body = PING
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        Pinged.seen.append((self.path, self.headers.get("Authorization")))
+        out = json.dumps(Pinged.body).encode()
+        self.send_response(200 if self.path == "/api/ping" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def ping_server():
+    Pinged.body, Pinged.seen = PING, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Pinged)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("host,port,url", [
+    ("127.0.0.1", 8765, "http://127.0.0.1:8765"),
+    ("localhost", 8765, "http://localhost:8765"),
+    ("0.0.0.0", 8765, "http://127.0.0.1:8765"),  # a wildcard bind is reached on loopback
+    ("::", 8765, "http://[::1]:8765"),           # on IPv6's: not every host is dual-stack
+    ("::1", 8765, "http://[::1]:8765"),
+    ("[::1]", 8765, "http://[::1]:8765"),        # bracketed once
+    ("127.0.0.1", 49152, "http://127.0.0.1:49152"),
+    ("192.168.1.20", 9000, "http://192.168.1.20:9000"),
+])
+def test_build_url_gives_an_address_a_client_can_connect_to(host, port, url):
+    assert build_url(host, port) == url
+
+
+def test_probe_is_none_at_once_when_nothing_listens():
+    started = time.monotonic()
+    assert probe_server(f"http://127.0.0.1:{free_port()}") is None
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("body,found", [(PING, True), ({"service": "other"}, False),
+                                        ({"hello": "world"}, False), ([1, 2], False)])
+def test_probe_finds_only_a_server_that_answers_like_reinf(ping_server, body, found):
+    Pinged.body = body
+    answer = probe_server(f"http://127.0.0.1:{ping_server.server_port}/", token="s3cret")
+    assert answer == (body if found else None)
+    assert Pinged.seen == [("/api/ping", "Bearer s3cret")]
+
+
+def test_find_server_tries_this_directorys_server_then_the_configured_address(config,
+                                                                              ping_server):
+    port = ping_server.server_port
+    nowhere = config.replace(port=free_port())
+    assert find_server(nowhere) is None
+    with acquire_lock(nowhere, host="0.0.0.0", port=port):  # the lock says where it is
+        assert find_server(nowhere) == f"http://127.0.0.1:{port}"
+    configured = config.replace(host="0.0.0.0", port=port, auth_token="s3cret")
+    assert find_server(configured) == f"http://127.0.0.1:{port}"
+    assert Pinged.seen[-1] == ("/api/ping", "Bearer s3cret")
+    given = f"http://127.0.0.1:{port}/"
+    assert find_server(nowhere, given) == given
+    assert find_server(configured, f"http://127.0.0.1:{free_port()}") is None  # only there

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from reinf.training.ppo import (KLController, RunningMoments, ValueHead, approx_kl, build_rollout,
-                       build_token_rewards, compute_gae, explained_variance, policy_loss,
-                       value_loss, weighted_mean, whiten)
+from reinf.training.ppo import (Hyper, KLController, RunningMoments, ValueHead, approx_kl,
+                                build_rollout, build_token_rewards, compute_gae, compute_rloo,
+                                explained_variance, policy_loss, value_loss, weighted_mean, whiten)
 
 
 def close(actual, expected, tol=1e-5):
@@ -80,6 +80,57 @@ def test_clipped_surrogate(ratio, adv, dual, expected):
     loss = policy_loss(torch.tensor([[math.log(ratio)]]), torch.tensor([[adv]]), clip=0.2,
                        dual_clip=dual)
     close(loss, [[expected]])
+
+
+@pytest.mark.parametrize("dual", [0.5, 1.0])
+def test_dual_clip_that_would_do_nothing_is_refused(dual):
+    # c in (0, 1] is no dual clip: refused by the loss and by the round's numbers alike
+    with pytest.raises(ValueError, match="dual_clip"):
+        policy_loss(torch.tensor([[0.0]]), torch.tensor([[-1.0]]), clip=0.2, dual_clip=dual)
+    with pytest.raises(ValueError, match="dual_clip"):
+        Hyper(dual_clip=dual)
+    Hyper(dual_clip=0.0), Hyper(dual_clip=1.5)  # off, and on
+
+
+def test_rloo_baseline_is_the_mean_of_the_other_replies_to_the_prompt():
+    rewards = torch.tensor([1.0, 2.0, 6.0, -1.0, 3.0])
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-0.6, -5.0], [-1.2, -0.8], [-1.0, -1.0]])
+    ref = torch.tensor([[-1.2, -2.0], [-1.0, -1.0], [-1.0, -14.0], [-1.0, -1.0], [-2.0, -2.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    adv, ret = compute_rloo(rewards, logp, ref, mask, kl_coef=0.5, groups=groups)
+    # returns = reward - 0.5 * sum of real (logp - ref):
+    #   0: 1 - 0.5*0.2 = 0.9;  1: 2 - 0 = 2;  2: 6 - 0.5*0.4 = 5.8 (the 9 at t=1 is padding)
+    #   3: -1 - 0.5*(-0.2 + 0.2) = -1;  4: 3 - 0.5*2 = 2
+    close(ret, [0.9, 2.0, 5.8, -1.0, 2.0])
+    # group 0: 0.9 - (2 + 5.8)/2 = -3;  2 - (0.9 + 5.8)/2 = -1.35;  5.8 - (0.9 + 2)/2 = 4.35
+    # group 1: -1 - 2 = -3;  2 - (-1) = 3.  Every real token carries it, padding is 0.
+    close(adv, [[-3.0, -3.0], [-1.35, -1.35], [4.35, 0.0], [-3.0, -3.0], [3.0, 3.0]])
+
+
+def test_rloo_episode_alone_in_its_group_gets_the_batch_mean():
+    rewards, ones = torch.tensor([1.0, 3.0, 10.0]), torch.ones(3, 1)
+    adv, _ = compute_rloo(rewards, ones, ones, ones, kl_coef=0.5, groups=torch.tensor([4, 4, 9]))
+    # 1 - 3 = -2;  3 - 1 = 2;  alone: 10 - (1 + 3 + 10)/3 = 16/3
+    close(adv, [[-2.0], [2.0], [16 / 3]])
+    adv, _ = compute_rloo(rewards, ones, ones, ones, kl_coef=0.5)  # no groups: all alone
+    close(adv, [[-11 / 3], [-5 / 3], [16 / 3]])
+
+
+def test_hyper_from_config_keeps_defaults_for_fields_the_config_lacks():
+    from types import SimpleNamespace
+
+    from reinf.config import PPOConfig
+
+    config = PPOConfig()
+    hp = Hyper.from_config(config)
+    shared = [n for n in Hyper.__dataclass_fields__ if hasattr(config, n)]
+    assert len(shared) >= 13 and all(getattr(hp, n) == getattr(config, n) for n in shared)
+    partial = SimpleNamespace(batch_size=3, ppo_epochs=2)  # no advantage, no ppo_clip, ...
+    assert Hyper.from_config(partial) == Hyper(batch_size=3, ppo_epochs=2)
+    assert Hyper.from_config(partial).advantage == "gae"
+    with pytest.raises(ValueError, match="gae, rloo"):
+        Hyper(advantage="grpo")
 
 
 @pytest.mark.parametrize("new, old, ret, expected", [
@@ -160,6 +211,16 @@ def test_rollout_positions_point_at_the_logits_that_predict_each_reply_token():
     close(b.temperature, [0.7, 1.0])
     sub = b.select(torch.tensor([0]))
     assert sub.input_ids.shape == (1, 5) and sub.mask.shape == (1, 2)
+    assert b.groups is None and sub.groups is None
+
+
+def test_rollout_groups_travel_with_their_rows():
+    eps = [([1, 2], [3], [-1.0], 1.0, 1.0, 1.0)] * 3
+    b = build_rollout(eps, groups=[7, 7, 2])
+    assert b.groups.dtype == torch.long and b.groups.tolist() == [7, 7, 2]
+    assert b.select(torch.tensor([2, 0])).groups.tolist() == [2, 7]
+    with pytest.raises(ValueError, match="one group id per episode"):
+        build_rollout(eps, groups=[1, 2])
 
 
 def test_value_head_starts_at_zero():

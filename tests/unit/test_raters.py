@@ -1,11 +1,21 @@
 """Simulated raters, rank correlation, the target rule and the baselines' data helpers of
-`reinf bench learn` (no model load)."""
+`reinf bench learn` (no model load).
+
+None of this needs the optional ``bench`` extra (trl, datasets, matplotlib, scipy): only
+the comparison with scipy skips without it, and a meta-test runs this file with the
+extra hidden to keep it that way.
+"""
 from __future__ import annotations
 
 import builtins
+import os
 import random
+import subprocess
+import sys
+import types
 
 import pytest
+from conftest import clean_env
 
 from reinf.bench.learn import ratings_to_target
 from reinf.bench.baselines import build_kto_rows, kto_weights
@@ -103,14 +113,19 @@ def test_check_rating_accepts_integer_types_only():
             check_rating(bad, "r")
 
 
-def test_spearman_matches_the_definition_with_ties():
-    scipy_stats = pytest.importorskip("scipy.stats")
+def test_spearman_matches_scipy_with_ties():
+    scipy_stats = pytest.importorskip("scipy.stats", reason="needs the bench extra (scipy)")
     rng = random.Random(0)
     for _ in range(20):
         x = [rng.random() for _ in range(30)]
         y = [rng.choice([1, 2, 5]) for _ in range(30)]
         assert spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
+
+
+def test_spearman_matches_the_definition_with_ties():
     assert rank([3, 1, 3, 2]) == [3.5, 1.0, 3.5, 2.0]
+    # Pearson's r of the ranks, worked by hand: ranks (1, 2.5, 2.5, 4) vs (1, 2, 3, 4).
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 3], [5, 5, 5]) is None and spearman([1, 2], [1, 2]) is None
@@ -166,6 +181,9 @@ def test_the_svg_fallback_draws_a_line_per_method():
 
 
 def test_kto_without_trl_names_the_bench_extra(invoke, monkeypatch):
+    # datasets is checked first: stand it in, so the message names trl with or without
+    # the bench extra installed.
+    monkeypatch.setitem(sys.modules, "datasets", types.ModuleType("datasets"))
     real_import = builtins.__import__
 
     def no_trl(name, *args, **kwargs):
@@ -176,3 +194,34 @@ def test_kto_without_trl_names_the_bench_extra(invoke, monkeypatch):
     result = invoke("bench", "learn", "--ratings", "4", "--baselines", "kto")
     assert result.exit_code == 1
     assert 'pip install -e ".[bench]"' in result.output and "trl" in result.output
+
+
+HIDE_BENCH_EXTRA = """
+import importlib.abc, sys
+import pytest
+
+BENCH = ("trl", "datasets", "matplotlib", "scipy")
+
+class HideBench(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BENCH:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, HideBench())
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(os.environ.get("REINF_BENCH_HIDDEN") == "1", reason="already hidden")
+def test_this_file_passes_without_the_bench_extra(home):
+    """Run this file with trl, datasets, matplotlib and scipy unimportable (as when the
+    extra is not installed): everything passes but the one comparison with scipy."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HIDE_BENCH_EXTRA, __file__, "-q", "-rs", "-p", "no:cacheprovider"],
+        env=clean_env(home, REINF_BENCH_HIDDEN="1"), capture_output=True, text=True,
+        timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == 2, out  # the scipy comparison, and this test itself
+    assert any("test_raters.py" in line and "bench extra (scipy)" in line for line in skipped)

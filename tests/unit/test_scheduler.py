@@ -3,11 +3,17 @@
 The scheduler is the real APScheduler and the store a real SQLite database; only the
 child process (reinf.worker) and the model (reinf.engine) are replaced, by fakes that
 write the same rows a real round writes.
+
+A test that asserts that something did *not* happen injects a ``FakeClock``: the schedule
+then only moves when the test advances the clock and runs what is due
+(``Scheduler.run_due``, the check APScheduler's thread makes), so "nothing ran" holds
+however slow the machine is, with no sleep.
 """
 from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -15,7 +21,7 @@ import pytest
 from reinf.daemon import INTERRUPTED, Daemon
 from reinf.errors import BadInput, Conflict, NotFound
 from reinf.lock import acquire_train_lock
-from reinf.scheduler import BUSY, run_job
+from reinf.scheduler import BUSY, iso, run_job
 from reinf.worker import Outcome
 
 REQUIRED = ("adapter_config.json", "adapter_model.safetensors", "value_head.safetensors",
@@ -29,6 +35,20 @@ def wait_for(condition, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return bool(condition())
+
+
+class FakeClock:
+    """The scheduler's clock, moved only by the test. It starts far ahead of real time, so
+    APScheduler's own thread, which reads the real clock, never finds a job due."""
+
+    def __init__(self):
+        self.t = datetime(2100, 1, 1, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.t
+
+    def advance(self, **delta) -> None:
+        self.t += timedelta(**delta)
 
 
 def rate_new_turn(store, score: int = 4) -> int:
@@ -124,12 +144,12 @@ class FakeRunner:
 def build(config, store, home):
     made = []
 
-    def make(script=None, engine=None, schedule=True, **settings):
+    def make(script=None, engine=None, schedule=True, clock=None, **settings):
         cfg = config.replace(**{"train_interval_minutes": 0, "train_after_ratings": 3,
                                 **settings})
         runner = FakeRunner(store, home, script)
         daemon = Daemon(cfg, store, engine if engine is not None else FakeEngine(),
-                        runner=runner, schedule=schedule)
+                        runner=runner, schedule=schedule, **({"now": clock} if clock else {}))
         made.append(daemon)
         return daemon, runner
     yield make
@@ -138,7 +158,8 @@ def build(config, store, home):
 
 
 def test_ratings_threshold_starts_a_round_counted_exactly(build, store):
-    daemon, runner = build()
+    clock = FakeClock()
+    daemon, runner = build(clock=clock)
     daemon.start()
     first = rate_new_turn(store)
     daemon.notify_rating()
@@ -146,36 +167,59 @@ def test_ratings_threshold_starts_a_round_counted_exactly(build, store):
     daemon.notify_rating()
     store.rate(first, 2)  # a re-rate: three notifications, still two waiting ratings
     daemon.notify_rating()
-    time.sleep(0.5)
-    assert runner.calls == []
+    clock.advance(seconds=daemon.reconcile_seconds)  # the ratings poll looks again too
+    assert sorted(daemon.scheduler.run_due()) == ["ratings-poll", "reconcile"]
+    assert runner.calls == [] and daemon.schedule_info()["training"] is False
     assert daemon.schedule_info()["ratings_waiting"] == 2
     rate_new_turn(store)
     daemon.notify_rating()
-    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
+    assert daemon.schedule_info()["current_trigger"] == "ratings"  # queued for now
+    assert daemon.scheduler.run_due() == ["train"]
+    assert daemon.schedule_info()["last_result"] is not None
     assert runner.calls == ["ratings"]
     assert daemon.schedule_info()["last_result"]["status"] == "succeeded"
     assert store.ratings_waiting() == 0
 
 
 def test_interval_ticks_train_only_when_ratings_wait(build, store):
-    daemon, runner = build(train_interval_minutes=0.005, train_after_ratings=0)
+    clock = FakeClock()
+    daemon, runner = build(clock=clock, train_interval_minutes=30, train_after_ratings=0)
     daemon.start()
-    assert daemon.schedule_info()["next_run"] is not None
-    time.sleep(1.0)  # about three ticks with nothing to train on
-    assert runner.calls == []
+    assert daemon.schedule_info()["next_run"] == iso(clock() + timedelta(minutes=30))
+    for _ in range(3):  # three ticks with nothing to train on
+        clock.advance(minutes=30)
+        assert "interval" in daemon.scheduler.run_due()
+    assert runner.calls == [] and daemon.schedule_info()["last_result"] is None
+    clock.advance(minutes=29)
     rate_new_turn(store)
-    assert wait_for(lambda: runner.calls == ["interval"], timeout=5)
-    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
-    time.sleep(1.0)  # the round consumed the rating: later ticks skip again
+    assert "interval" not in daemon.scheduler.run_due()  # not yet time
+    clock.advance(minutes=1)
+    assert "interval" in daemon.scheduler.run_due()
+    assert runner.calls == ["interval"]
+    assert daemon.schedule_info()["last_result"]["status"] == "succeeded"
+    for _ in range(3):  # the round consumed the rating: later ticks skip again
+        clock.advance(minutes=30)
+        assert "interval" in daemon.scheduler.run_due()
     assert runner.calls == ["interval"]
 
 
+def test_the_interval_timer_fires_on_the_real_clock(build, store):
+    daemon, runner = build(train_interval_minutes=0.005, train_after_ratings=0)
+    rate_new_turn(store)
+    daemon.start()
+    assert wait_for(lambda: runner.calls == ["interval"], timeout=5)
+    assert wait_for(lambda: daemon.schedule_info()["last_result"] is not None)
+
+
 def test_one_round_at_a_time_and_ratings_during_a_round_train_next(build, store):
-    daemon, runner = build()
+    clock = FakeClock()
+    daemon, runner = build(clock=clock)
     daemon.start()
     rate_new_turn(store)
     runner.release.clear()
     assert daemon.train_now()["started"] is True
+    worker = threading.Thread(target=daemon.scheduler.run_due)  # the round, held open
+    worker.start()
     assert runner.entered.wait(5)
     busy = daemon.train_now()
     assert busy == {"started": False, "reason": BUSY, "run_id": runner.run_id,
@@ -184,36 +228,46 @@ def test_one_round_at_a_time_and_ratings_during_a_round_train_next(build, store)
     for _ in range(3):  # enough for the ratings trigger, but a round is running
         rate_new_turn(store)
         daemon.notify_rating()
-    time.sleep(0.3)
+    clock.advance(seconds=1)
+    assert daemon.scheduler.run_due() == []  # nothing queued behind the round
     assert runner.calls == ["request"]
     runner.release.set()
-    assert wait_for(lambda: runner.calls == ["request", "ratings"])
-    assert wait_for(lambda: not daemon.schedule_info()["training"])
+    worker.join(10)
+    assert not worker.is_alive()
+    assert runner.calls == ["request", "ratings"]  # the round's end re-checked the ratings
+    assert not daemon.schedule_info()["training"]
     assert runner.most_active == 1
 
 
 def test_a_failed_round_is_recorded_and_the_scheduler_lives_on(build, store):
-    daemon, runner = build(script=["raise", "fail", "succeed"], train_after_ratings=2)
+    clock = FakeClock()
+    daemon, runner = build(clock=clock, script=["raise", "fail", "succeed"],
+                           train_after_ratings=2)
     daemon.start()
     rate_new_turn(store)
     assert daemon.train_now()["started"]
-    assert wait_for(lambda: (daemon.schedule_info()["last_result"] or {}).get("status"))
+    assert daemon.scheduler.run_due() == ["train"]
     last = daemon.schedule_info()["last_result"]
     assert last["status"] == "failed" and "boom in the runner" in last["message"]
     assert daemon.train_now()["started"]
-    assert wait_for(lambda: len(runner.calls) == 2 and not daemon.scheduler.busy)
+    assert daemon.scheduler.run_due() == ["train"]
+    assert len(runner.calls) == 2 and not daemon.scheduler.busy
     assert store.list_runs()[0].status == "failed"
     assert store.list_runs()[0].error == "reward hook broken"
     # After a failure the ratings trigger waits for train_after_ratings *new* ratings,
-    # though the old ones still wait (a broken hook must not retry on every click).
+    # though the old ones still wait (a broken hook must not retry on every click). The
+    # first rating reached the store without the API (as `reinf rate` does): the ratings
+    # poll that runs now must not count it as new either.
     rate_new_turn(store)
     daemon.notify_rating()
-    time.sleep(0.4)
+    clock.advance(seconds=daemon.reconcile_seconds)
+    assert "train" not in daemon.scheduler.run_due()
     assert len(runner.calls) == 2 and store.ratings_waiting() == 2
     rate_new_turn(store)
     daemon.notify_rating()
-    assert wait_for(lambda: len(runner.calls) == 3)
-    assert wait_for(lambda: daemon.schedule_info()["last_result"]["status"] == "succeeded")
+    assert daemon.scheduler.run_due() == ["train"]
+    assert len(runner.calls) == 3
+    assert daemon.schedule_info()["last_result"]["status"] == "succeeded"
 
 
 def test_a_successful_round_is_swapped_in(build, store):
@@ -313,18 +367,21 @@ def test_a_round_of_another_process_is_left_alone_then_followed(build, store, co
     live = store.start_run("manual", pid=4242)
     held = acquire_train_lock(config, trigger="manual")
     engine = FakeEngine()
-    daemon, _ = build(engine=engine)
-    daemon.reconcile_seconds = 0.1
+    clock = FakeClock()
+    daemon, _ = build(engine=engine, clock=clock)
     try:
         daemon.start()
         assert store.get_run(live.id).status == "running"
         make_checkpoint(store, home, "theirs", activate=True)
         store.finish_run(live.id, "succeeded", checkpoint_id="theirs")
-        time.sleep(0.3)
+        clock.advance(seconds=daemon.reconcile_seconds)
+        assert "reconcile" in daemon.scheduler.run_due()
         assert engine.active_checkpoint_id is None  # not while their round runs
     finally:
         held.release()
-    assert wait_for(lambda: engine.active_checkpoint_id == "theirs")
+    clock.advance(seconds=daemon.reconcile_seconds)
+    assert "reconcile" in daemon.scheduler.run_due()
+    assert engine.active_checkpoint_id == "theirs"
     assert store.get_run(live.id).status == "succeeded"
 
 
@@ -370,37 +427,48 @@ def test_changes_made_by_other_processes_reach_the_engine(build, store, home):
 def test_ratings_stored_by_other_processes_reach_the_trigger(build, store):
     """`reinf rate` writes to the store, not through the API: the poll notices it, and
     counts it toward the new ratings a failed round waits for."""
-    daemon, runner = build(script=["fail", "succeed"], train_after_ratings=2)
-    daemon.reconcile_seconds = 0.1
+    clock = FakeClock()
+    daemon, runner = build(clock=clock, script=["fail", "succeed"], train_after_ratings=2)
     daemon.start()
+
+    def poll():
+        clock.advance(seconds=daemon.reconcile_seconds)
+        ran = daemon.scheduler.run_due()
+        assert "ratings-poll" in ran
+        return ran
     first = rate_new_turn(store)
     store.rate(first, 1)  # a re-rating: still one waiting
-    time.sleep(0.4)
+    assert "train" not in poll()
     assert runner.calls == []
     rate_new_turn(store)
-    assert wait_for(lambda: runner.calls == ["ratings"])
-    assert wait_for(lambda: (daemon.schedule_info()["last_result"] or {}).get("status")
-                    == "failed")
+    assert "train" in poll()  # the poll noticed it and the round ran
+    assert runner.calls == ["ratings"]
+    assert daemon.schedule_info()["last_result"]["status"] == "failed"
     assert daemon.schedule_info()["ratings_since_failure"] == 0
     rate_new_turn(store)  # one new rating after the failure: not yet
-    time.sleep(0.4)
+    assert "train" not in poll()
     assert runner.calls == ["ratings"] and daemon.schedule_info()["ratings_since_failure"] == 1
     rate_new_turn(store)
     daemon.notify_rating()  # the second, through the API: two new ratings in all
-    assert wait_for(lambda: runner.calls == ["ratings", "ratings"])
-    assert wait_for(lambda: daemon.schedule_info()["last_result"]["status"] == "succeeded")
+    assert daemon.scheduler.run_due() == ["train"]
+    assert runner.calls == ["ratings", "ratings"]
+    assert daemon.schedule_info()["last_result"]["status"] == "succeeded"
 
 
 def test_no_train_turns_scheduling_off_but_train_now_works(build, store):
-    daemon, runner = build(schedule=False, train_interval_minutes=0.005, train_after_ratings=1)
+    clock = FakeClock()
+    daemon, runner = build(clock=clock, schedule=False, train_interval_minutes=30,
+                           train_after_ratings=1)
     daemon.start()
     assert daemon.schedule_info()["next_run"] is None
     rate_new_turn(store)
     daemon.notify_rating()
-    time.sleep(0.6)
-    assert runner.calls == []
+    clock.advance(minutes=90)  # three intervals, and many ratings polls
+    assert sorted(daemon.scheduler.run_due()) == ["ratings-poll", "reconcile"]
+    assert runner.calls == [] and daemon.schedule_info()["training"] is False
     assert daemon.train_now()["started"] is True
-    assert wait_for(lambda: runner.calls == ["request"])
+    assert daemon.scheduler.run_due() == ["train"]
+    assert runner.calls == ["request"]
 
 
 def test_train_now_with_nothing_new_says_so(build):

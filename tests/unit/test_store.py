@@ -4,9 +4,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event
 
 from reinf.errors import BadInput, NotFound
-from reinf.schema import utcnow
+from reinf.schema import Turn, utcnow
 
 
 def add_turn(store, conv=None, msg="hi", reply="hello", n=3, **kw):
@@ -101,6 +102,61 @@ def test_history_filters(store):
     future = utcnow() + timedelta(days=1)
     assert store.history(since=future) == []
     assert len(store.history(until=future, limit=None)) == 5
+
+
+@pytest.fixture
+def turns_read():
+    """How many turn rows the ORM has built objects from (reset it with ``[0] = 0``)."""
+    count = [0]
+
+    def on_load(target, context):
+        count[0] += 1
+    event.listen(Turn, "load", on_load)
+    yield count
+    event.remove(Turn, "load", on_load)
+
+
+def test_history_reads_only_the_rows_it_returns(store, turns_read):
+    conv = store.create_conversation().id
+    turns = [add_turn(store, conv, msg=f"m{i}") for i in range(200)]
+    for i in (10, 61, 110, 160):  # not re-rated "common" below
+        store.rate(turns[i].id, 4, tags=["rare", "x"])
+    for t in turns[::3]:
+        store.rate(t.id, 2, tags=["common"])
+    turns_read[0] = 0
+    assert [t.user_message for t in store.history(limit=5)] == [f"m{i}" for i in
+                                                                 range(199, 194, -1)]
+    assert turns_read[0] == 5
+    turns_read[0] = 0
+    assert [t.user_message for t in store.history(limit=3, oldest_first=True)] == [
+        "m0", "m1", "m2"]
+    assert turns_read[0] == 3
+    turns_read[0] = 0
+    assert [t.user_message for t in store.history(tag="rare", limit=2)] == ["m160", "m110"]
+    assert turns_read[0] == 2
+    turns_read[0] = 0
+    assert len(store.history(tag="common", limit=5, oldest_first=True)) == 5
+    assert turns_read[0] == 5
+    assert [t.user_message for t in store.history(tag="rare", limit=None)] == [
+        "m160", "m110", "m61", "m10"]
+    assert store.history(limit=0) == []
+
+
+def test_history_tag_filter_is_exact_and_still_fills_the_limit(store):
+    """The SQL pre-filter (a LIKE on the JSON text) keeps a few wrong rows; they are dropped
+    and the next rows read, so a page still holds ``limit`` exact matches."""
+    messages = []
+    for tags in (["wrong"], ["100%"], ["a_b"], ['say "hi"'], ["back\\slash"], ["café"],
+                 ["1000"], ["axb"], ["x\"wrong"], ["Wrong"], ["wrongly"], ["WRONG", "ok"]):
+        t = add_turn(store, msg="/".join(tags))
+        store.rate(t.id, 3, tags=tags)
+        messages.append(t.user_message)
+    assert [t.user_message for t in store.history(tag="wrong", limit=1)] == ["wrong"]
+    for tag in ("100%", "a_b", 'say "hi"', "back\\slash", "café", "Wrong", "ok"):
+        assert [t.user_message for t in store.history(tag=tag, limit=1)] == [
+            next(m for m in messages if tag in m.split("/"))], tag
+    assert store.history(tag="1%", limit=5) == [] and store.history(tag="a", limit=5) == []
+    assert store.history(tag="wrong", rated=False) == []
 
 
 def test_training_query_newest_ratings_first_bounded(store):

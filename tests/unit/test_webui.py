@@ -1,15 +1,18 @@
 """The Flask app through its test client: routes, JSON shapes, validation and errors.
 
 The chat service is FakeChatService (tests/webui_fakes.py), which stores turns through
-the real Store; everything else is the real app.
+the real Store, and training runs in a real Daemon whose round runner is FakeRunner;
+everything else is the real app.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
-from webui_fakes import app, client, fake_chat, parse_sse  # noqa: F401 - fixtures
+from webui_fakes import (app, build_daemon, client, daemon, fake_chat,  # noqa: F401 - fixtures
+                         parse_sse, wait_for)
 
 
 def chat(client, message="hello", **extra):
@@ -74,19 +77,21 @@ def test_chat_rejects_bad_input_with_a_clear_message(client, body, status, needl
     assert needle in r.get_json()["error"]
 
 
-def test_a_message_over_max_message_chars_is_413(config, store, fake_chat):
+def test_a_message_over_max_message_chars_is_413(config, store, fake_chat, daemon):
     from webui import create_app
 
-    app = create_app(config.replace(max_message_chars=10), store=store, chat=fake_chat)
+    app = create_app(config.replace(max_message_chars=10), store=store, chat=fake_chat,
+                     daemon=daemon)
     r = app.test_client().post("/api/chat", json={"message": "x" * 11})
     assert r.status_code == 413
     assert r.get_json()["key"] == "max_message_chars" and "limit is 10" in r.get_json()["error"]
 
 
-def test_without_a_chat_service_chat_is_501(config, store):
+def test_without_a_chat_service_chat_is_501(config, store, daemon):
     from webui import create_app
 
-    r = create_app(config, store=store).test_client().post("/api/chat", json={"message": "x"})
+    client = create_app(config, store=store, daemon=daemon).test_client()
+    r = client.post("/api/chat", json={"message": "x"})
     assert r.status_code == 501 and "no model" in r.get_json()["error"]
 
 
@@ -197,18 +202,16 @@ def test_history_carries_the_mapped_reward(client, store):
     tid = chat(client)["turn_id"]
     store.rate(tid, 5)
     row = client.get("/api/history").get_json()["turns"][0]
-    pytest.importorskip("reinf.rewards")
     assert isinstance(row["reward"], float) and row["reward"] > 0
 
 
-def test_broken_reward_hook_gives_turns_and_hook_error(client, store, config):
-    pytest.importorskip("reinf.rewards")
+def test_broken_reward_hook_gives_turns_and_hook_error(client, store, config, daemon):
     hook = config.data_dir / "broken.py"
     hook.write_text("def reward_mapper(score, metadata):\n    return 1 / 0\n")
     from webui import create_app
 
     broken = config.replace(reward_mapper=f"{hook}:reward_mapper")
-    c = create_app(broken, store=store, chat=None).test_client()
+    c = create_app(broken, store=store, chat=None, daemon=daemon).test_client()
     tid = store.append_turn(store.create_conversation().id, "q", "a").id
     store.rate(tid, 4)
     r = c.get("/api/history")
@@ -216,6 +219,65 @@ def test_broken_reward_hook_gives_turns_and_hook_error(client, store, config):
     data = r.get_json()
     assert data["turns"][0]["turn_id"] == tid and data["turns"][0]["reward"] is None
     assert "ZeroDivisionError" in data["hook_error"] and "broken.py" in data["hook_error"]
+
+
+def test_a_reward_hook_runs_only_for_turns_it_has_not_mapped(store, config, daemon,
+                                                              monkeypatch):
+    from reinf import hooks
+    from webui import create_app
+    from webui.reports import map_rewards
+
+    runs = []  # items per hook child process
+    run_hook = hooks.run_hook
+
+    def counted(spec, source, items, *args, **kwargs):
+        runs.append(len(items))
+        return run_hook(spec, source, items, *args, **kwargs)
+
+    monkeypatch.setattr(hooks, "run_hook", counted)
+    hook = config.data_dir / "mapper.py"
+    hook.write_text("def reward_mapper(score, metadata):\n    return score / 10\n")
+    cfg = config.replace(reward_mapper=f"{hook}:reward_mapper")
+    client = create_app(cfg, store=store, daemon=daemon).test_client()
+    conv = store.create_conversation().id
+    a, b = (store.append_turn(conv, f"q{i}", "a").id for i in range(2))
+    store.rate(a, 4)
+    store.rate(b, 2)
+
+    def rewards():
+        data = client.get("/api/history").get_json()
+        assert data["hook_error"] is None
+        return {t["turn_id"]: t["reward"] for t in data["turns"]}
+
+    assert rewards() == {a: 0.4, b: 0.2} and runs == [2]
+    assert rewards() == {a: 0.4, b: 0.2} and runs == [2]  # no new child process
+    assert client.get(f"/api/turns/{a}").get_json()["reward"] == 0.4 and runs == [2]
+    store.rate(b, 5)  # a re-rated turn is mapped again, and only it
+    assert rewards() == {a: 0.4, b: 0.5} and runs == [2, 1]
+    hook.write_text("def reward_mapper(score, metadata):\n    return -score / 10\n")
+    mtime = hook.stat().st_mtime_ns + 10**9  # a later mtime even on a coarse clock
+    os.utime(hook, ns=(mtime, mtime))
+    assert rewards() == {a: -0.4, b: -0.5} and runs == [2, 1, 2]
+    assert rewards() == {a: -0.4, b: -0.5} and runs == [2, 1, 2]
+    os.utime(hook, ns=(mtime + 10**9, mtime + 10**9))  # touched, same bytes: mapped again
+    assert rewards() == {a: -0.4, b: -0.5} and runs == [2, 1, 2, 2]
+    clipped, _ = map_rewards(cfg.replace(reward_min=-0.45), store.history(limit=None))
+    assert {k: v["reward"] for k, v in clipped.items()} == {a: -0.4, b: -0.45}
+    assert runs == [2, 1, 2, 2, 2]  # another setting: another cache entry
+
+
+def test_the_reward_cache_is_bounded_and_entries_expire():
+    from webui.reports import RewardCache
+
+    now = [0.0]
+    cache = RewardCache(size=2, max_age=60, clock=lambda: now[0])
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # now the most recently used
+    cache.put("c", 3)
+    assert len(cache) == 2 and cache.get("b") is None and cache.get("a") == 1
+    now[0] = 61.0
+    assert cache.get("a") is None and cache.get("c") is None and len(cache) == 0
 
 
 @pytest.mark.parametrize("query, needle", [
@@ -249,20 +311,31 @@ def test_conversations_list_open_and_forget(client, store):
 # --- training, checkpoints, status ---------------------------------------------------
 
 def add_checkpoints(store, tmp_path):
+    """Two complete checkpoint directories (the daemon refuses to roll back to one that
+    would not load), ckpt-2 active."""
+    from reinf.training.checkpoints import REQUIRED
+
+    for name in ("c1", "c2"):
+        (tmp_path / name).mkdir()
+        for file in REQUIRED:
+            (tmp_path / name / file).write_text("x")
     store.add_checkpoint("ckpt-1", str(tmp_path / "c1"), metrics={"reward_mean": 0.1})
     store.add_checkpoint("ckpt-2", str(tmp_path / "c2"), parent_id="ckpt-1",
                          metrics={"reward_mean": 0.4, "kl": float("nan")})
     store.activate_checkpoint("ckpt-2")
 
 
-def test_checkpoints_and_rollback_swap_the_engine(config, store, fake_chat, tmp_path):
+def test_checkpoints_and_rollback_swap_the_engine(config, store, fake_chat, tmp_path,
+                                                  build_daemon):
     from webui import create_app
 
     class Engine:
         swaps = []
+        active_checkpoint_id = None
 
         def request_swap(self, checkpoint_id, path=None):
             self.swaps.append((checkpoint_id, path))
+            self.active_checkpoint_id = checkpoint_id
 
         def describe(self):
             return {"model_name": "fake"}
@@ -271,7 +344,8 @@ def test_checkpoints_and_rollback_swap_the_engine(config, store, fake_chat, tmp_
 
     add_checkpoints(store, tmp_path)
     engine = Engine()
-    client = create_app(config, store=store, chat=fake_chat, engine=engine).test_client()
+    client = create_app(config, store=store, chat=fake_chat, engine=engine,
+                        daemon=build_daemon(engine)).test_client()
     data = client.get("/api/checkpoints").get_json()
     assert data["active_checkpoint"] == "ckpt-2"
     assert data["checkpoints"][0]["metrics"]["kl"] is None  # NaN is not JSON
@@ -289,22 +363,17 @@ def test_checkpoints_and_rollback_swap_the_engine(config, store, fake_chat, tmp_
     assert r.status_code == 400
 
 
-def test_train_now_runs_one_round_at_a_time(client, monkeypatch, store):
-    import threading
+def test_rollback_to_an_incomplete_checkpoint_is_refused(client, store, tmp_path):
+    add_checkpoints(store, tmp_path)
+    (tmp_path / "c1" / "metrics.json").unlink()  # as a crash mid-write would leave it
+    r = client.post("/api/rollback", json={})
+    assert r.status_code == 409 and "missing or incomplete" in r.get_json()["error"]
+    assert store.active_checkpoint().id == "ckpt-2"
 
-    import webui.control as control
 
-    release, calls = threading.Event(), []
-
-    class Result:
-        status, run_id, checkpoint_id, message = "failed", 1, None, "nothing to learn"
-
-    def train_round(config, store_, *, trigger="manual", **kw):
-        calls.append(trigger)
-        release.wait(5)
-        return Result()
-
-    monkeypatch.setattr(control, "load_train_round", lambda: train_round)
+def test_train_now_runs_one_round_at_a_time(client, daemon, store):
+    runner = daemon.runner
+    runner.gate.clear()
     nothing = client.post("/api/train")
     assert nothing.status_code == 409 and "nothing new to train on" in nothing.get_json()["error"]
     store.rate(chat(client)["turn_id"], 4)
@@ -312,23 +381,14 @@ def test_train_now_runs_one_round_at_a_time(client, monkeypatch, store):
     r = client.post("/api/train", json={})
     assert r.status_code == 409 and "already running" in r.get_json()["error"]
     assert client.get("/api/status").get_json()["training"]["running"] is True
-    release.set()
-    runtime = client.application.extensions["reinf"]
-    runtime.control._thread.join(5)
+    runner.gate.set()
+    assert wait_for(lambda: not client.get("/api/status").get_json()["training"]["running"])
     state = client.get("/api/status").get_json()["training"]
     assert state["running"] is False and state["last_result"]["message"] == "nothing to learn"
-    assert calls == ["manual"]
+    assert runner.calls == ["request"]
 
 
-def test_train_without_a_trainer_is_501(client, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "reinf.training.trainer", None)  # import fails
-    r = client.post("/api/train")
-    assert r.status_code == 501 and r.get_json()["error"] == "training not available yet"
-
-
-def test_train_now_goes_to_the_daemon_when_there_is_one(config, store, fake_chat):
+def test_train_now_goes_to_the_daemon(config, store, fake_chat):
     from webui import create_app
 
     class Daemon:
@@ -427,7 +487,7 @@ def test_errors_are_json_under_api_and_html_elsewhere(client):
     assert "no such page" in r.get_data(as_text=True)
 
 
-def test_an_unexpected_exception_is_a_logged_500_json(config, store, caplog):
+def test_an_unexpected_exception_is_a_logged_500_json(config, store, daemon, caplog):
     from webui import create_app
 
     class Exploding:
@@ -436,7 +496,7 @@ def test_an_unexpected_exception_is_a_logged_500_json(config, store, caplog):
 
         stream = send
 
-    client = create_app(config, store=store, chat=Exploding()).test_client()
+    client = create_app(config, store=store, chat=Exploding(), daemon=daemon).test_client()
     r = client.post("/api/chat", json={"message": "x"})
     assert r.status_code == 500 and "ValueError" in r.get_json()["error"]
     assert any("unexpected error" in rec.message for rec in caplog.records)

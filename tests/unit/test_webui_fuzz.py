@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webui_fakes import FakeChatService
+from webui_fakes import FakeChatService, build_daemon, daemon, wait_for  # noqa: F401 - fixtures
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**12),
                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=30))
@@ -105,22 +105,20 @@ def check_consistency(store) -> None:
 
 
 @pytest.fixture
-def fuzz_app(config, store, monkeypatch, tmp_path):
-    import webui.control as control
+def fuzz_app(config, store, daemon, tmp_path):
+    from reinf.training.checkpoints import REQUIRED
     from webui import create_app
 
-    class Result:
-        status, run_id, checkpoint_id, message = "failed", 0, None, "fuzz"
-
-    monkeypatch.setattr(control, "load_train_round",
-                        lambda: lambda *a, **k: Result())
+    (tmp_path / "a").mkdir()
+    for name in REQUIRED:  # complete, so a rollback to it can succeed
+        (tmp_path / "a" / name).write_text("x")
     store.add_checkpoint("ckpt-a", str(tmp_path / "a"))
     conv = store.create_conversation()
     for i in range(3):
         turn = store.append_turn(conv.id, f"q{i}", f"a{i}", reply_ids=[1, 2], logprobs=[-1, -1])
         store.rate(turn.id, i + 2, tags=["wrong"])
     return create_app(config.replace(max_request_bytes=4096), store=store,
-                      chat=FakeChatService(store))
+                      chat=FakeChatService(store), daemon=daemon)
 
 
 @settings(max_examples=100, deadline=None,
@@ -144,7 +142,6 @@ def test_fuzzed_requests_never_5xx_and_keep_the_db_consistent(fuzz_app, store, r
         error = response.get_json()["error"]
         assert (error["message"] if isinstance(error, dict) else error).strip()
         assert snapshot(store) == before, (method, path, body, text)
-    runtime = fuzz_app.extensions["reinf"]
-    if runtime.control._thread is not None:
-        runtime.control._thread.join(5)
+    daemon = fuzz_app.extensions["reinf"].daemon
+    assert wait_for(lambda: not daemon.schedule_info()["training"], timeout=5)
     check_consistency(store)

@@ -7,13 +7,14 @@ import io
 import pytest
 
 from reinf.errors import ConfigError
-from webui_fakes import app, client, fake_chat  # noqa: F401 - fixtures
+from webui_fakes import app, build_daemon, client, daemon, fake_chat  # noqa: F401 - fixtures
 
 
-def make_client(config, store, fake_chat, **settings):
+def make_client(config, store, fake_chat, daemon, **settings):
     from webui import create_app
 
-    return create_app(config.replace(**settings), store=store, chat=fake_chat).test_client()
+    return create_app(config.replace(**settings), store=store, chat=fake_chat,
+                      daemon=daemon).test_client()
 
 
 # --- Host header (DNS rebinding) -----------------------------------------------------
@@ -34,8 +35,8 @@ def test_other_host_names_are_400_before_anything_runs(client, store, host):
     assert store.counts()["turns"] == 0
 
 
-def test_allowed_hosts_extends_the_list(config, store, fake_chat):
-    c = make_client(config, store, fake_chat, allowed_hosts=["reinf.lan"])
+def test_allowed_hosts_extends_the_list(config, store, fake_chat, daemon):
+    c = make_client(config, store, fake_chat, daemon, allowed_hosts=["reinf.lan"])
     assert c.get("/api/ping", headers={"Host": "reinf.lan:8765"}).status_code == 200
     assert c.get("/api/ping", headers={"Host": "other.lan"}).status_code == 400
 
@@ -48,8 +49,9 @@ def test_binding_off_loopback_without_a_token_is_refused(config):
 # --- auth token ----------------------------------------------------------------------
 
 @pytest.fixture
-def locked(config, store, fake_chat):
-    return make_client(config, store, fake_chat, host="0.0.0.0", auth_token="s3cret-token")
+def locked(config, store, fake_chat, daemon):
+    return make_client(config, store, fake_chat, daemon, host="0.0.0.0",
+                       auth_token="s3cret-token")
 
 
 @pytest.mark.parametrize("path", ["/api/status", "/api/history", "/v1/models"])
@@ -152,8 +154,8 @@ def test_reads_need_no_csrf_token(client):
 
 # --- sizes ---------------------------------------------------------------------------
 
-def test_an_oversize_body_is_413_with_a_message(config, store, fake_chat):
-    c = make_client(config, store, fake_chat, max_request_bytes=2048)
+def test_an_oversize_body_is_413_with_a_message(config, store, fake_chat, daemon):
+    c = make_client(config, store, fake_chat, daemon, max_request_bytes=2048)
     r = c.post("/api/chat", json={"message": "x" * 5000})
     assert r.status_code == 413
     body = r.get_json()
@@ -161,8 +163,8 @@ def test_an_oversize_body_is_413_with_a_message(config, store, fake_chat):
     assert store.counts()["turns"] == 0
 
 
-def test_an_oversize_chunked_body_is_413(config, store, fake_chat):
-    c = make_client(config, store, fake_chat, max_request_bytes=2048)
+def test_an_oversize_chunked_body_is_413(config, store, fake_chat, daemon):
+    c = make_client(config, store, fake_chat, daemon, max_request_bytes=2048)
 
     body = io.BytesIO(b'{"message": "' + b"x" * 5000 + b'"}')
     r = c.post("/api/chat", input_stream=body, content_type="application/json",

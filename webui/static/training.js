@@ -28,6 +28,13 @@
     $("hook-state").classList.toggle("bad", hook.ok === false);
     $("hook-error").hidden = !hook.error;
     text($("hook-error"), hook.error || "");
+    // Stage 1 of a round: how well the rating model predicts held-out ratings (Spearman).
+    text($("reward-consistency"), training.reward_consistency == null ? "not fitted yet" :
+      `reward consistency ${formatNumber(training.reward_consistency, 2)}`);
+    text($("training-mode"), training.last_mode ?
+      `last round: ${training.last_mode === "rollouts" ? "fresh replies scored by the rating model" :
+        "rated replies only"} (${training.last_mode_reason})` :
+      `method: ${training.method || "rollouts"}; no round yet`);
     if (training.running && !polling) polling = setInterval(refresh, 3000);
     if (!training.running && polling) { clearInterval(polling); polling = null; }
   }

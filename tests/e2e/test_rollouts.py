@@ -1,0 +1,236 @@
+"""The default training method: a rating model fitted on the person's ratings scores fresh
+rollouts, and PPO trains on them (reinf.training.rating_model, rollouts, trainer).
+
+The demo model answers every question in several styles (terse or chatty, plain or
+bulleted, with or without a closing question), so a simulated person who prefers terse
+replies gives it something real to learn; the tiny random model checks the log-prob maths.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trainkit as tk
+
+pytestmark = pytest.mark.e2e
+
+
+def demo_model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinf.config import PROJECT_ROOT
+
+    path = PROJECT_ROOT / "models" / "reinf-demo"
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    from reinf.modeling import build_prompt_ids
+
+    return build_prompt_ids(tokenizer, [], text, max_history=0, max_context_tokens=512,
+                            max_new_tokens=128)
+
+
+def terse(reply: str) -> bool:
+    from reinf.demo.corpus import detect_styles
+
+    return detect_styles(reply)["length"] == "terse"
+
+
+# --- rollouts: behaviour log-probs ------------------------------------------------------------
+
+@pytest.mark.parametrize("with_adapter", [False, True])
+def test_rollout_logprobs_are_reproduced_by_a_reforward(tmp_path, with_adapter):
+    """Left-padded batched sampling records what the PPO forward computes: the ratio
+    starts at exactly 1 (up to float noise) for prompts of different lengths."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinf.training.ppo import Policy, ValueHead, build_rollout, evaluate
+    from reinf.training.rollouts import sample_rollouts
+    from tiny import make_adapter
+
+    model_dir = tk.make_model(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    if with_adapter:
+        model = PeftModel.from_pretrained(model, str(make_adapter(model_dir, tmp_path / "a",
+                                                                  seed=3))).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [[1, 5, 6, 7, 1], [1] + list(range(10, 30)) + [1], [1, 9, 1]]
+    rollouts = sample_rollouts(model, tokenizer, prompts, 3, temperature=0.7, top_p=0.9,
+                               max_new_tokens=12, seed=5, batch_size=4)
+    assert len(rollouts) == 9 and [r.group for r in rollouts] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert all(len(r.logprobs) == len(r.reply_ids) >= 1 for r in rollouts)
+    assert len({tuple(r.reply_ids) for r in rollouts}) > 3  # really sampled, not greedy
+    b = build_rollout([(r.prompt_ids, r.reply_ids, r.logprobs, 0.7, 0.0, 1.0) for r in rollouts])
+    logp, _ = evaluate(Policy(model, ValueHead(model.config.hidden_size)), b, 4)
+    gap = ((logp - b.logp_behaviour) * b.mask).abs().max()
+    assert gap < 1e-4, f"re-forward differs from the sampled log-probs by {gap:.2e} nats"
+
+
+def test_rollouts_are_deterministic_for_a_seed(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinf.training.rollouts import sample_rollouts
+
+    model_dir = tk.make_model(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    kw = dict(temperature=1.0, top_p=1.0, max_new_tokens=8, batch_size=3)
+    a = sample_rollouts(model, tokenizer, [[1, 5, 1], [1, 8, 9, 1]], 2, seed=1, **kw)
+    b = sample_rollouts(model, tokenizer, [[1, 5, 1], [1, 8, 9, 1]], 2, seed=1, **kw)
+    c = sample_rollouts(model, tokenizer, [[1, 5, 1], [1, 8, 9, 1]], 2, seed=2, **kw)
+    assert [r.reply_ids for r in a] == [r.reply_ids for r in b]
+    assert [r.reply_ids for r in a] != [r.reply_ids for r in c]
+
+
+# --- the rating model ---------------------------------------------------------------------
+
+def test_the_rating_model_learns_a_planted_preference():
+    """On the demo model's own features: a person who likes terse replies and dislikes
+    chatty ones, 32 ratings. It must rank unseen replies the same way."""
+    from reinf.demo.corpus import generate_corpus
+    from reinf.training.rating_model import fit_rating_model, reply_features, spearman
+
+    model, tokenizer = demo_model()
+    items = generate_corpus(seed=11, n=96)
+    pairs = []
+    for item in items:
+        reply = tokenizer.encode(item["reply"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        pairs.append((prompt_ids(tokenizer, item["prompt"]), reply))
+    scores = [5 if terse(item["reply"]) else 1 for item in items]
+    x = reply_features(model, pairs)
+    assert x.shape[0] == 96 and torch.isfinite(x).all()
+    rm = fit_rating_model(x[:32], scores[:32], heads=5, seed=0)
+    assert rm.n == 32 and rm.consistency is not None and rm.consistency > 0.6
+    mean, std = rm.predict(x[32:])
+    assert spearman(mean.tolist(), scores[32:]) > 0.6
+    liked = mean[torch.tensor(scores[32:]) == 5].mean()
+    disliked = mean[torch.tensor(scores[32:]) == 1].mean()
+    assert liked - disliked > 1.5, (float(liked), float(disliked))
+    assert (std >= 0).all() and rm.score(x[32:], 1.0).le(mean + 1e-6).all()  # pessimistic
+
+
+def test_the_rating_model_round_trips_through_its_state_dict():
+    from reinf.training.rating_model import RatingModel, fit_rating_model
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 6, generator=gen)
+    y = (x[:, 0] > 0).float() * 4 + 1
+    rm = fit_rating_model(x, y.tolist(), heads=3, seed=1)
+    again = RatingModel.from_state_dict(rm.state_dict())
+    assert torch.allclose(rm.predict(x)[0], again.predict(x)[0])
+    assert again.consistency == pytest.approx(rm.consistency)
+
+
+# --- a round on the demo model -------------------------------------------------------------
+
+def rate_demo_turns(config, store, n: int, seed: int = 0) -> None:
+    """``n`` turns from the demo model through the real chat path, rated by a simulated
+    person who likes terse replies (5) and dislikes chatty ones (1)."""
+    from reinf.chat import ChatService
+    from reinf.demo.corpus import sample_prompts
+    from reinf.engine import Engine
+
+    engine = Engine.load(config)
+    chat = ChatService(engine, store, config)
+    for i, prompt in enumerate(sample_prompts(seed, n)):
+        turn = chat.send(prompt, seed=seed * 1000 + i)
+        store.rate(turn.id, 5 if terse(turn.reply) else 1)
+
+
+def style_margin(model, tokenizer, pairs) -> float:
+    margins = []
+    for prompt, good, bad in pairs:
+        ids = prompt_ids(tokenizer, prompt)
+        lp = [sum(tk.reply_logprobs(model, ids, tokenizer.encode(r, add_special_tokens=False),
+                                    1.0)) for r in (good, bad)]
+        margins.append(lp[0] - lp[1])
+    return sum(margins) / len(margins)
+
+
+def style_pairs(n: int = 12):
+    """(prompt, terse reply, chatty reply) from the demo corpus, same question each."""
+    from reinf.demo.corpus import generate_corpus
+
+    by_prompt: dict[str, dict[str, str]] = {}
+    for item in generate_corpus(seed=5, n=600):
+        by_prompt.setdefault(item["prompt"], {})["terse" if terse(item["reply"]) else
+                                                 "chatty"] = item["reply"]
+    pairs = [(p, d["terse"], d["chatty"]) for p, d in by_prompt.items() if len(d) == 2]
+    return pairs[:n]
+
+
+def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
+    from reinf.training.trainer import train_round
+
+    cfg = config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
+                         learning_rate=2e-3, ppo_epochs=4, seed=0)
+    rate_demo_turns(cfg, store, 24)
+    model, tokenizer = demo_model()
+    pairs = style_pairs()
+    before = style_margin(model, tokenizer, pairs)
+    result = train_round(cfg, store)
+    m = result.metrics
+    assert result.status == "succeeded", result.message
+    assert m["mode"] == "rollouts", m["mode_reason"]
+    assert m["rollouts"] == 32 and m["rollout_prompts"] == 8
+    assert m["rating_model_ratings"] == 24 and m["rating_model_consistency"] >= 0.3
+    assert m["advantage"] == "rloo" and m["rated_in_batch"] >= 1
+    assert m["samples"] == 32 + m["rated_in_batch"]
+    assert m["staleness"] < 1e-3 or m["rated_in_batch"] > 0  # fresh replies: ratio 1
+    active = store.active_checkpoint()
+    assert (tk.lora_vector(active.path).abs() > 0).any()  # LoRA B starts at zero: it moved
+    from reinf.training.checkpoints import load_rating_model
+    assert load_rating_model(active.path) is not None
+    from reinf.config import PROJECT_ROOT
+    tuned = tk.load_policy(PROJECT_ROOT / "models" / "reinf-demo", active.path)
+    after = style_margin(tuned, tokenizer, pairs)
+    assert after > before + 0.05, (before, after)  # terse replies: relatively more likely
+
+
+def test_cold_start_trains_on_rated_replies_and_says_why(config, store):
+    from reinf.status import collect_status
+    from reinf.training.trainer import train_round
+
+    rate_demo_turns(config, store, 5)
+    result = train_round(config, store)
+    assert result.status == "succeeded"
+    assert result.metrics["mode"] == "rated" and result.metrics["advantage"] == "gae"
+    assert "cold start" in result.metrics["mode_reason"]
+    assert "5 of the 8 ratings" in result.metrics["mode_reason"]
+    training = collect_status(config, store)["training"]
+    assert training["last_mode"] == "rated" and "cold start" in training["last_mode_reason"]
+
+
+def test_forgotten_turns_never_reach_the_rating_model(config, store):
+    from reinf.training.trainer import train_round
+
+    rate_demo_turns(config, store, 14)
+    forgotten = [t.id for t in store.history(limit=3)]
+    for turn_id in forgotten:
+        store.forget_turn(turn_id)
+    result = train_round(config, store)
+    assert result.metrics["rating_model_ratings"] == 11
+
+
+def test_a_hook_that_breaks_on_predicted_scores_stops_the_round(config, store, tmp_path):
+    """The person's mapper sees every fresh reply's predicted score; if it fails there,
+    training stops with the same clear error as for a real rating."""
+    from reinf.errors import HookError
+    from reinf.training.trainer import train_round
+
+    hook = tmp_path / "hook.py"
+    hook.write_text("def reward_mapper(score, metadata):\n"
+                    "    if metadata['predicted']:\n"
+                    "        raise ValueError('no guesses please')\n"
+                    "    return (score - 3) / 2\n")
+    cfg = config.replace(reward_mapper=f"{hook}:reward_mapper", training_min_consistency=-1.0)
+    rate_demo_turns(cfg, store, 10)
+    with pytest.raises(HookError) as err:
+        train_round(cfg, store)
+    text = str(err.value)
+    assert "reward hook broken" in text and "hook.py:3" in text
+    assert "no guesses please" in text and "fresh reply" in text
+    assert store.list_runs()[0].status == "failed"
+    assert store.active_checkpoint() is None
