@@ -158,7 +158,7 @@ class Daemon:
         """Start a round now, unless one runs ("started": False with the reason)."""
         if self._state != "running":
             return {"started": False, "reason": "the server is not running its scheduler"}
-        if not force and not self.scheduler.busy and self.store.ratings_waiting() == 0:
+        if not force and not self.scheduler.active and self.store.ratings_waiting() == 0:
             return {"started": False, "ratings_waiting": 0,
                     "reason": "nothing new to train on: no ratings since the last round"}
         return self.scheduler.request("request", force=force)

@@ -168,6 +168,11 @@ class Scheduler:
     def busy(self) -> bool:
         return self._round.locked()
 
+    @property
+    def active(self) -> bool:
+        """A round runs, or one is queued to start."""
+        return self.busy or self._pending is not None
+
     def run_due(self) -> list[str]:
         """Run, on the calling thread, every job due by the injected clock, as APScheduler's
         thread does when it wakes (a job late several times runs once; one later than its

@@ -3,10 +3,11 @@
 Both train the same LoRA adapter (``lora.*``, seeded like a fresh PPO adapter) on the same
 rated turns a PPO round would see (the newest ``replay_buffer_size``, through the same
 reward mapper) for ``ppo_epochs`` passes: SFT in minibatches of ``batch_size`` at
-``learning_rate``, as PPO; KTO with the settings TRL documents for it (below). Each round continues from the active checkpoint,
-writes a checkpoint with ``reinf.training.checkpoints`` (a zero value head: neither has a critic),
-records a training run, and activates it; the bench then hot-swaps it into the engine
-exactly as it does a PPO checkpoint. Neither has PPO's promotion gate.
+``learning_rate``, as PPO; KTO with the settings TRL documents for it (below). Each round
+continues from the active checkpoint, writes a checkpoint with ``reinf.training.checkpoints``
+(a zero value head: neither has a critic), records a training run, and activates it; the
+bench then hot-swaps it into the engine exactly as it does a PPO checkpoint. Neither has
+PPO's promotion gate.
 
 - **Reward-weighted SFT** (``sft``): the negative log-likelihood of each reply, weighted by
   ``max(reward, 0)`` times the mapper's time-decay weight. Replies rated 4-5 are imitated

@@ -10,19 +10,23 @@ hot-swapped with ``engine.request_swap``, as ``Daemon._adopt`` does. Two differe
 (``--child`` runs it in the daemon's child process, ``reinf.worker.ChildRunner``), and the
 chat waits for it (in the daemon, replies keep coming from the old adapter meanwhile).
 
-**The identical rating stream.** Every method (Reinf's PPO and each baseline,
-``reinf.bench.baselines``) starts from the same base model in its own temporary data directory
-and gets the same prompts (``sample_prompts(seed, ratings)``), the same sampling seed for
-the i-th reply, the same rater (a fresh instance: the noisy rater flips the same rating
-positions), and the same schedule (a round after every ``train_after`` ratings). Each
-method rates its own on-policy replies: a method's learning shows in what it says next,
-so it must be the one generating. Until the first round all methods produce the same
-replies and ratings.
+**The identical rating stream.** Every method (Reinf as configured, the same trainer on rated
+replies only, and the baselines of ``reinf.bench.baselines``) starts from the same base model in
+its own temporary data directory and gets, for one seed, the same prompts
+(``sample_prompts(seed, ratings)``), the same sampling seed for the i-th reply, the same rater
+(a fresh instance: the noisy rater flips the same rating positions) and the same schedule (a
+round after every ``train_after`` ratings). Each method rates its own on-policy replies, so
+until the first round all methods produce the same replies and ratings. ``seeds`` runs it all
+again on seed, seed + 1, ...; the report gives each figure's mean over seeds and its min-max.
 
-Each window of ``window`` ratings reports the mean rating and the share of replies in the
-preferred style, and at its end (not counted in the loop's time) the measurements of
-``reinf.bench.probe``: KL to the base on probe replies, held-out perplexity, and for PPO the
-value head's reward consistency (Spearman against held-out ratings).
+**The probe curve.** After every round, the active checkpoint answers the first ``probe`` of a
+fixed set of prompts (``sample_prompts(PROBE_SEED)``, reply j sampled with seed
+``PROBE_SEED + j``: the same for every round, method and seed) and a judge (the rater, seeded
+``PROBE_SEED``) rates them; the same pass measures KL to the base and held-out perplexity
+(``reinf.bench.probe``; about a quarter of the probe's time, so it runs per round too).
+"Ratings to target" reads this curve, not the live ratings: 64 fixed prompts have far less luck
+in them than a window of 16 live ratings, and "held" asks that the curve stay at or above the
+target from that round to the end of the run.
 """
 from __future__ import annotations
 
@@ -31,28 +35,39 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from reinf.errors import BadInput
 
-METHODS = {"reinf": "Reinf (PPO)", "sft": "reward-weighted SFT", "kto": "KTO (TRL)"}
-PROBE_SEED = 1_000_003      # sampling seeds of probe replies: fixed across windows and methods
+METHODS = {"reinf": "Reinf (default config)", "rated": "PPO on rated replies only",
+           "sft": "reward-weighted SFT", "kto": "KTO (TRL)"}
+BASELINES = ("rated", "sft", "kto")
+PROBE_SEED = 1_000_003      # probe prompts, sampling seeds, judge: fixed across rounds and runs
+# The goals, checked on Reinf's means over seeds (check_goals).
+GOAL_RISE, GOAL_RISE_BY = 1.0, 48             # probe mean +1.0 over the base by 48 ratings
+GOAL_SHARE, GOAL_SHARE_BY = 0.9, 96           # preferred share >= 90% by 96 ratings
+GOAL_PPL_PREFERRED = 0.05                     # perplexity on preferred-style replies +5% at most
+GOAL_SPEARMAN, GOAL_SPEARMAN_AFTER = 0.8, 48  # rating model's cross-validated Spearman
+POINT_KEYS = ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
+              "perplexity_preferred", "rating_model_consistency")
 
 
 @dataclass(frozen=True)
 class LearnPlan:
     rater: str = "prefers-terse"
-    ratings: int = 200
+    ratings: int = 96
     train_after: int = 0          # 0: the config's train_after_ratings
     seed: int = 0
-    window: int = 20
+    seeds: int = 3                # runs on seed, seed + 1, ...
+    window: int = 16
     target: float = 4.0
-    probe: int = 16               # probe replies per window
+    probe: int = 64               # probe replies after every round
     final_probe: int = 128        # probe replies of the base and the final evaluation
     heldout: int = 200            # held-out corpus items for perplexity
-    methods: tuple[str, ...] = ("reinf", "sft", "kto")
+    methods: tuple[str, ...] = ("reinf", "rated", "sft", "kto")
     child: bool = False
     keep: bool = False
 
@@ -62,15 +77,15 @@ def say(text: str) -> None:
 
 
 def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say) -> dict:
-    """Run every method of ``plan`` on the same stream; returns the report (JSON-ready)."""
+    """Run every method of ``plan`` on each seed's stream; returns the report (JSON-ready)."""
     from reinf.bench.raters import load_rater
 
-    if plan.ratings < 1 or plan.window < 1 or plan.probe < 1:
-        raise BadInput("ratings, window and probe must be at least 1")
+    if min(plan.ratings, plan.seeds, plan.window, plan.probe, plan.final_probe) < 1:
+        raise BadInput("ratings, seeds, window, probe and final_probe must be at least 1")
     unknown = [m for m in plan.methods if m not in METHODS]
     if unknown:
         raise BadInput(f"unknown baseline {unknown[0]!r}",
-                       fix="--baselines takes sft, kto, sft,kto or none")
+                       fix="--baselines takes a comma list of rated, sft and kto, or none")
     if "kto" in plan.methods:
         from reinf.bench.baselines import check_trl
         check_trl()
@@ -79,23 +94,44 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     if k < 1:
         raise BadInput("train_after must be at least 1 (train_after_ratings is 0 = off)",
                        fix="pass --train-after 8")
+    seeds = list(range(plan.seed, plan.seed + plan.seeds))
     started = time.perf_counter()
     shared: dict[str, Any] = {}
-    results = {}
-    for method in plan.methods:
-        progress(f"[{method}] {METHODS[method]}: {plan.ratings} ratings, a round every {k}")
-        results[method] = run_method(method, config, plan, k, shared, progress)
+    runs: dict[str, list[dict]] = {m: [] for m in plan.methods}
+    for seed in seeds:
+        for method in plan.methods:
+            progress(f"[{method} seed {seed}] {label_of(method, config)}: {plan.ratings} "
+                     f"ratings, a round every {k}")
+            runs[method].append(run_method(method, config, plan, k, seed, shared, progress))
     from reinf.bench.generation import machine
+    methods = {m: {"label": label_of(m, config), "settings": settings_of(m, config),
+                   **summarize_method(runs[m], plan, shared["base"])} for m in plan.methods}
     report = {
         "benchmark": "learn", "rater": {"name": rater.name, "description": rater.description},
-        "plan": {**asdict(plan), "train_after": k}, "machine": machine(),
+        "plan": {**asdict(plan), "train_after": k}, "seeds": seeds, "machine": machine(),
         "model": shared["model"], "config": {s: dict(v) for s, v in config.to_dict().items()
-                                             if s in ("lora", "ppo", "schedule")},
-        "base": shared["base"], "methods": results,
+                                             if s in ("lora", "ppo", "training", "schedule")},
+        "base": shared["base"], "base_curve": shared["base_curve"], "methods": methods,
         "seconds": time.perf_counter() - started,
     }
     report["goals"] = check_goals(report)
     return report
+
+
+def label_of(method: str, config) -> str:
+    return f"Reinf ({config.training.method})" if method == "reinf" else METHODS[method]
+
+
+def settings_of(method: str, config) -> dict:
+    """What the method trains with, for the report (KTO's own settings: baselines.py)."""
+    if method == "kto":
+        from reinf.bench.baselines import kto_settings
+        return kto_settings(config)
+    p = config.ppo
+    out = {"learning_rate": p.learning_rate, "batch_size": p.batch_size, "epochs": p.ppo_epochs}
+    if method in ("reinf", "rated"):
+        out["training_method"] = "rated" if method == "rated" else config.training.method
+    return out
 
 
 @dataclass
@@ -118,14 +154,15 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
     from reinf.store import Store
 
     home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{method}-"))
+    extra = {"training_method": "rated"} if method == "rated" else {}
     cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=k,
-                         train_interval_minutes=0.0)
+                         train_interval_minutes=0.0, **extra)
     # A config file in the data directory, so a child trainer (--child) sees these settings.
     (home / "config.yaml").write_text(render_yaml(cfg), encoding="utf-8")
     cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
     store = Store.open(cfg)
     engine = Engine.load(cfg)
-    if method != "reinf":
+    if method not in ("reinf", "rated"):
         from reinf.bench.baselines import BaselineRunner
         runner = BaselineRunner(method, cfg, store)
     elif plan.child:
@@ -170,72 +207,90 @@ def adopt(ctx: Context, outcome) -> dict:
     return result
 
 
-def run_method(method: str, config, plan: LearnPlan, k: int, shared: dict,
+def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: dict,
                progress: Callable[[str], None]) -> dict:
+    """One method on one seed's stream: the per-seed detail of the report."""
     import shutil
 
     import torch
 
-    from reinf.demo.corpus import sample_prompts
     from reinf.bench.raters import load_rater
+    from reinf.demo.corpus import sample_prompts
     from reinf.scheduler import run_job, utcnow
 
-    torch.manual_seed(plan.seed)
+    torch.manual_seed(seed)
     ctx = build_context(method, config, plan, k)
+    tag = f"[{method} seed {seed}]"
     try:
-        rater = load_rater(plan.rater, seed=plan.seed)
+        rater = load_rater(plan.rater, seed=seed)
         if "heldout" not in shared:
             prepare_shared(ctx, plan, shared)
+        probe = Probe(ctx, plan, shared)
         if "base" not in shared:
-            shared["base"] = evaluate(ctx, plan, shared, plan.final_probe, base=True)
-        windows = [{"ratings": 0, **shared["base"]}]
+            shared["base"] = probe.measure(max(plan.probe, plan.final_probe))
+            shared["base_curve"] = probe.measure(plan.probe)
+        curve = [{"ratings": 0, "seconds": 0.0, **shared["base_curve"]}]
+        windows = [{"ratings": 0, **shared["base_curve"]}]
 
         def round_fn(trigger: str, force: bool) -> dict:
             return adopt(ctx, ctx.runner.run(trigger, force=force))
 
-        scores, preferred, seconds, loop, eval_seconds = [], [], [], 0.0, 0.0
-        for i, prompt in enumerate(sample_prompts(plan.seed, plan.ratings)):
+        scores, preferred, loop = [], [], 0.0
+        for i, prompt in enumerate(sample_prompts(seed, plan.ratings)):
+            n = i + 1
             t0 = time.perf_counter()
-            turn = ctx.chat.send(prompt, seed=plan.seed * 100_003 + i)
+            turn = ctx.chat.send(prompt, seed=seed * 100_003 + i)
             score = rater(prompt, turn.reply)
             ctx.store.rate(turn.id, score)
             scores.append(score)
             preferred.append(rater.is_preferred(turn.reply, score))
-            seconds.append(loop + time.perf_counter() - t0)
+            t1 = time.perf_counter()
             result = run_job("ratings", force=False, round_fn=round_fn, store=ctx.store,
                              now=utcnow, min_waiting=k)
-            if result["status"] != "skipped":
-                ctx.rounds.append(summarize_round(result, i + 1))
             loop += time.perf_counter() - t0
-            n = i + 1
+            if result["status"] != "skipped":
+                rnd = {**summarize_round(result, n), "wall_seconds": time.perf_counter() - t1}
+                ctx.rounds.append(rnd)
+                point = probe.measure(plan.probe)
+                curve.append({"ratings": n, "seconds": loop, "status": rnd["status"],
+                              "mode": rnd.get("mode"), "rating_model_consistency":
+                                  rnd.get("rating_model_consistency"), **point})
+                progress(f"{tag} round after {n}: {rnd['status']}"
+                         f"{' (' + rnd['mode'] + ')' if rnd.get('mode') else ''} in "
+                         f"{rnd['wall_seconds']:.1f} s; probe mean {point['probe_mean_rating']:.2f}"
+                         f", preferred {point['probe_preferred_share']:.0%}, KL {point['kl']:.4f}")
             if n % plan.window == 0 or n == plan.ratings:
-                t1 = time.perf_counter()
-                w = evaluate(ctx, plan, shared, plan.probe)
-                eval_seconds += time.perf_counter() - t1
-                recent = scores[-plan.window:]
-                windows.append({"ratings": n, "mean_rating": statistics.fmean(recent),
-                                "preferred_share": statistics.fmean(preferred[-plan.window:]),
-                                "rounds": len(ctx.rounds), "seconds": loop, **w})
-                progress(f"[{method}] {n}/{plan.ratings} ratings: mean {windows[-1]['mean_rating']:.2f}"
-                         f", preferred {windows[-1]['preferred_share']:.0%}, KL {w['kl']:.4f}, "
-                         f"ppl {w['perplexity']:.3f} (preferred style {w['perplexity_preferred'] or 0:.3f}), "
-                         f"{len(ctx.rounds)} rounds, {loop:.0f} s")
-        t1 = time.perf_counter()
-        final = evaluate(ctx, plan, shared, plan.final_probe)
-        eval_seconds += time.perf_counter() - t1
-        reached = ratings_to_target(scores, plan.window, plan.target)
-        held = ratings_to_target(scores, plan.window, plan.target, held=True)
+                last = windows[-1]["ratings"]
+                windows.append({"ratings": n, "mean_rating": statistics.fmean(scores[last:]),
+                                "preferred_share": statistics.fmean(preferred[last:]),
+                                "rounds": len(ctx.rounds), "seconds": loop,
+                                **probe.measure(plan.probe)})
+                w = windows[-1]
+                progress(f"{tag} {n}/{plan.ratings} ratings: live mean {w['mean_rating']:.2f}, "
+                         f"preferred {w['preferred_share']:.0%}; ppl {w['perplexity']:.3f} "
+                         f"(preferred style {w['perplexity_preferred'] or 0:.3f}), {loop:.0f} s")
+        final = probe.measure(max(plan.probe, plan.final_probe))
+        points = [(p["ratings"], p["probe_mean_rating"]) for p in curve]
+        reached = curve_to_target(points, plan.target)
+        held = curve_to_target(points, plan.target, held=True)
+        at = {p["ratings"]: p["seconds"] for p in curve}
         pauses = [r["swap_pause_ms"] for r in ctx.rounds if r.get("swap_pause_ms") is not None]
+        modes = Counter(r["mode"] for r in ctx.rounds if r.get("mode"))
         return {
-            "label": METHODS[method], "windows": windows, "final": final, "rounds": ctx.rounds,
-            "ratings_to_target": reached, "seconds_to_target":
-                seconds[reached - 1] if reached else None,
-            "ratings_to_target_held": held, "seconds_to_target_held":
-                seconds[held - 1] if held else None,
+            "seed": seed, "curve": curve, "windows": windows, "final": final,
+            "rounds": ctx.rounds, "modes": dict(modes) if modes else None,
+            "ratings_to_target": reached, "seconds_to_target": at.get(reached),
+            "ratings_to_target_held": held, "seconds_to_target_held": at.get(held),
+            "window_ratings_to_target_held": ratings_to_target(scores, plan.window,
+                                                               plan.target, held=True),
             "scores": scores, "preferred": [int(p) for p in preferred],
-            "loop_seconds": loop, "eval_seconds": eval_seconds,
+            "loop_seconds": loop, "probe_seconds": probe.generate_seconds,
+            "measure_seconds": probe.measure_seconds,
+            "round_seconds": statistics.fmean(r["wall_seconds"] for r in ctx.rounds)
+            if ctx.rounds else None,
             "rounds_succeeded": sum(r["status"] == "succeeded" for r in ctx.rounds),
             "rounds_rejected": sum(r["status"] == "rejected" for r in ctx.rounds),
+            "rounds_failed": sum(r["status"] == "failed" for r in ctx.rounds),
             "swap_pause_ms_median": statistics.median(pauses) if pauses else None,
             "data_dir": str(ctx.home) if plan.keep else None,
         }
@@ -246,70 +301,99 @@ def run_method(method: str, config, plan: LearnPlan, k: int, shared: dict,
 
 
 def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
-    """What every method measures against: held-out corpus items and their ratings, probe
-    prompts, and the model's name."""
-    from reinf.demo.corpus import sample_prompts
+    """What every method and seed measures against: held-out corpus items and their ratings,
+    the probe prompts, and the model's name."""
     from reinf.bench.probe import load_heldout
     from reinf.bench.raters import load_rater
+    from reinf.demo.corpus import sample_prompts
 
     heldout = load_heldout(ctx.engine.tokenizer, plan.heldout)
-    judge = load_rater(plan.rater, seed=plan.seed + 2)  # its own stream: held-out ratings
+    judge = load_rater(plan.rater, seed=PROBE_SEED + 1)  # its own stream: held-out ratings
     shared["heldout"] = heldout
     shared["heldout_scores"] = [judge(p, r) for p, r in zip(heldout.prompts, heldout.replies)]
     shared["heldout_preferred"] = [judge.is_preferred(r, s) for r, s in
                                    zip(heldout.replies, shared["heldout_scores"])]
-    shared["probe_prompts"] = sample_prompts(plan.seed + 1, plan.final_probe)
+    shared["probe_prompts"] = sample_prompts(PROBE_SEED, max(plan.probe, plan.final_probe))
     shared["model"] = {"name": ctx.engine.model_name, "parameters":
                        sum(p.numel() for p in ctx.engine.model.parameters())}
 
 
-def evaluate(ctx: Context, plan: LearnPlan, shared: dict, n_probe: int, *,
-             base: bool = False) -> dict:
-    """Probe replies from the live engine, rated by a held-out rater; then KL, perplexity
-    and predicted rewards from the active checkpoint (reinf.bench.probe)."""
-    from reinf.bench.probe import load_policy, measure_policy, spearman, subset_perplexity
-    from reinf.bench.raters import load_rater
+class Probe:
+    """The probe of one run: replies of the active checkpoint to the fixed probe prompts,
+    rated by a judge, then KL, perplexity and predicted rewards (``reinf.bench.probe``).
 
-    judge = load_rater(plan.rater, seed=plan.seed + 1)
-    replies, scores, good = [], [], []
-    for j, prompt in enumerate(shared["probe_prompts"][:n_probe]):
-        params = ctx.engine.generation_params(seed=PROBE_SEED + j)
-        reply = ctx.engine.stream_prompt(ctx.engine.build_prompt([], prompt), params).wait()
-        score = judge(prompt, reply.text)
-        replies.append(reply)
-        scores.append(score)
-        good.append(judge.is_preferred(reply.text, score))
-    active = None if base else ctx.store.active_checkpoint()
-    policy = load_policy(ctx.config, active.path if active else None, cache=shared)
-    episodes = [(r.prompt_ids, r.reply_ids, r.logprobs, r.gen_params["temperature"], 0.0, 1.0)
-                for r in replies if r.reply_ids]
-    m = measure_policy(policy, episodes, shared["heldout"], adapter=active is not None,
-                       batch_size=ctx.config.ppo.batch_size * 2)
-    probe_scores = [s for s, r in zip(scores, replies) if r.reply_ids]
-    return {"probe_mean_rating": statistics.fmean(scores),
-            "probe_preferred_share": statistics.fmean(good), "kl": m["kl"],
-            "perplexity": m["perplexity"], "probe": len(replies),
-            "perplexity_preferred": subset_perplexity(m["heldout_nll"], m["heldout_tokens"],
-                                                      shared["heldout_preferred"]),
-            "active_checkpoint": active.id if active else None,
-            "consistency_probe": spearman(m["probe_values"], probe_scores),
-            "consistency_heldout": spearman(m["heldout_values"], shared["heldout_scores"])}
+    Reply j is always sampled with seed ``PROBE_SEED + j`` and rated by the j-th call of
+    that checkpoint's judge, so a checkpoint's replies are cached and extended (64 per round,
+    128 at the end) and its figures are computed once per probe size; the base's are shared
+    by every method and seed."""
+
+    def __init__(self, ctx: Context, plan: LearnPlan, shared: dict):
+        self.ctx, self.plan, self.shared = ctx, plan, shared
+        self.cache: dict[str | None, dict] = {None: shared.setdefault("base_probe", {})}
+        self.generate_seconds = self.measure_seconds = 0.0
+
+    def measure(self, n: int) -> dict:
+        active = self.ctx.store.active_checkpoint()
+        entry = self.cache.setdefault(active.id if active else None, {})
+        if not entry:
+            from reinf.bench.raters import load_rater
+            entry.update(judge=load_rater(self.plan.rater, seed=PROBE_SEED), replies=[],
+                         results={})
+        if n not in entry["results"]:
+            entry["results"][n] = self._measure(active, entry, n)
+        return dict(entry["results"][n])
+
+    def _measure(self, active, entry: dict, n: int) -> dict:
+        from reinf.bench.probe import load_policy, measure_policy, spearman, subset_perplexity
+
+        engine, replies, judge = self.ctx.engine, entry["replies"], entry["judge"]
+        started = time.perf_counter()
+        for j in range(len(replies), n):
+            prompt = self.shared["probe_prompts"][j]
+            params = engine.generation_params(seed=PROBE_SEED + j)
+            reply = engine.stream_prompt(engine.build_prompt([], prompt), params).wait()
+            score = judge(prompt, reply.text)
+            replies.append((reply, score, judge.is_preferred(reply.text, score)))
+        measured = time.perf_counter()
+        self.generate_seconds += measured - started
+        probe = replies[:n]
+        policy = load_policy(self.ctx.config, active.path if active else None,
+                             cache=self.shared)
+        episodes = [(r.prompt_ids, r.reply_ids, r.logprobs, r.gen_params["temperature"], 0.0,
+                     1.0) for r, _, _ in probe if r.reply_ids]
+        m = measure_policy(policy, episodes, self.shared["heldout"], adapter=active is not None,
+                           batch_size=self.ctx.config.ppo.batch_size * 2)
+        self.measure_seconds += time.perf_counter() - measured
+        shared = self.shared
+        return {"probe_mean_rating": statistics.fmean(s for _, s, _ in probe),
+                "probe_preferred_share": statistics.fmean(g for _, _, g in probe),
+                "kl": m["kl"], "perplexity": m["perplexity"], "probe": len(probe),
+                "perplexity_preferred": subset_perplexity(
+                    m["heldout_nll"], m["heldout_tokens"], shared["heldout_preferred"]),
+                "active_checkpoint": active.id if active else None,
+                "consistency_probe": spearman(m["probe_values"],
+                                              [s for r, s, _ in probe if r.reply_ids]),
+                "consistency_heldout": spearman(m["heldout_values"], shared["heldout_scores"])}
 
 
 def summarize_round(result: dict, after: int) -> dict:
     m = result.get("metrics") or {}
-    keys = ("kl", "approx_kl", "kl_coef", "reward_mean", "samples", "epochs_run", "loss",
-            "explained_variance", "clipfrac", "seconds")
+    keys = ("kl", "approx_kl", "kl_coef", "reward_mean", "samples", "steps", "epochs_run", "loss",
+            "explained_variance", "clipfrac", "seconds", "mode", "mode_reason",
+            "rating_model_consistency", "rollouts", "predicted_score_mean", "rollout_seconds",
+            "fluency_change", "staleness", "advantage")
     return {"after_ratings": after, "status": result["status"],
             "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),
             "swap_pause_ms": result.get("swap_pause_ms"),
             **{k: m[k] for k in keys if k in m}}
 
 
+# --- targets and aggregation (no model: tests/unit/test_bench_learn.py) -----------------------
+
 def ratings_to_target(scores: list[int], window: int, target: float, *,
                       held: bool = False) -> int | None:
-    """The first n at which the mean of the last ``window`` ratings (all of them while
-    fewer) reaches ``target``, counting from n = window (or the end, if shorter).
+    """On the live ratings: the first n at which the mean of the last ``window`` ratings (all
+    of them while fewer) reaches ``target``, counting from n = window (or the end, if shorter).
 
     ``held=True``: the first n from which that rolling mean stays at or above ``target``
     through the last rating. One lucky window of a 50/50 policy can reach a target once
@@ -317,54 +401,148 @@ def ratings_to_target(scores: list[int], window: int, target: float, *,
     holding it to the end of the run needs a policy that has really moved."""
     first = min(window, len(scores))
     means = [statistics.fmean(scores[max(0, n - window):n]) for n in range(first, len(scores) + 1)]
+    return curve_to_target([(first + i, m) for i, m in enumerate(means)], target, held=held)
+
+
+def curve_to_target(points: list[tuple[int, float]], target: float, *,
+                    held: bool = False) -> int | None:
+    """The ratings x of the first (x, value) point whose value reaches ``target``; with
+    ``held``, the first point from which every later value stays at or above it."""
     if not held:
-        return next((first + i for i, m in enumerate(means) if m >= target), None)
+        return next((x for x, v in points if v >= target), None)
     reached = None
-    for i, m in enumerate(means):
-        if m < target:
+    for x, v in points:
+        if v < target:
             reached = None
         elif reached is None:
-            reached = first + i
+            reached = x
     return reached
+
+
+def aggregate(values: list[float | None]) -> dict:
+    """A figure over seeds: mean, min and max of the seeds that have it (``n`` of them), and
+    every seed's value."""
+    got = [v for v in values if v is not None]
+    return {"mean": statistics.fmean(got) if got else None, "min": min(got, default=None),
+            "max": max(got, default=None), "n": len(got), "values": list(values)}
+
+
+def aggregate_reach(values: list[int | None], never: int) -> dict:
+    """Ratings to a target over seeds. The mean is only given when every seed reached it;
+    ``bound`` counts a seed that never did as ``never`` (more than the run's ratings), so it
+    is a lower bound of the true mean, and a method whose mean is below another's bound
+    is faster whatever the missing seeds would have taken."""
+    out = aggregate(values)
+    if out["n"] < len(values):
+        out["mean"] = None
+    out["bound"] = statistics.fmean(never if v is None else v for v in values) if values else None
+    return out
+
+
+def mean_curve(curves: list[list[dict]], keys: tuple[str, ...] = POINT_KEYS) -> list[dict]:
+    """Per-seed curves (points with ``ratings``) -> one curve of aggregates over seeds, and
+    how many seeds ran each round in each mode."""
+    out = []
+    for x in sorted({p["ratings"] for c in curves for p in c}):
+        points = [p for c in curves for p in c if p["ratings"] == x]
+        row: dict[str, Any] = {"ratings": x, "seeds": len(points)}
+        row.update({k: aggregate([p.get(k) for p in points]) for k in keys})
+        modes = Counter(p["mode"] for p in points if p.get("mode"))
+        row["modes"] = dict(modes) if modes else None
+        out.append(row)
+    return out
+
+
+def value_at(curve: list[dict], n: int, key: str):
+    """``key`` of the policy active after ``n`` ratings: the last point at or before n."""
+    before = [p for p in curve if p["ratings"] <= n]
+    return before[-1].get(key) if before else None
 
 
 def ratio(new: float | None, old: float | None) -> float | None:
     return None if new is None or not old else new / old - 1
 
 
+def summarize_method(runs: list[dict], plan: LearnPlan, base: dict) -> dict:
+    """A method over seeds: the headline figures (mean, min, max), the probe curve and the
+    windows as means over seeds, and the per-seed detail."""
+    never = plan.ratings + 1
+
+    def figure(fn: Callable[[dict], Any]) -> dict:
+        return aggregate([fn(r) for r in runs])
+
+    def mode_count(mode: str) -> Callable[[dict], Any]:
+        return lambda r: None if r["modes"] is None else r["modes"].get(mode, 0)
+
+    final = {key: figure(lambda r, key=key: r["final"][key]) for key in
+             ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
+              "perplexity_preferred")}
+    summary = {
+        "ratings_to_target": aggregate_reach([r["ratings_to_target"] for r in runs], never),
+        "ratings_to_target_held": aggregate_reach([r["ratings_to_target_held"] for r in runs],
+                                                  never),
+        "seconds_to_target_held": figure(lambda r: r["seconds_to_target_held"]),
+        "window_ratings_to_target_held": aggregate_reach(
+            [r["window_ratings_to_target_held"] for r in runs], never),
+        **{f"final_{key}": value for key, value in final.items()},
+        "perplexity_change": figure(lambda r: ratio(r["final"]["perplexity"],
+                                                    base["perplexity"])),
+        "perplexity_preferred_change": figure(lambda r: ratio(
+            r["final"]["perplexity_preferred"], base.get("perplexity_preferred"))),
+        "rating_model_consistency_last": figure(
+            lambda r: value_at(r["curve"], plan.ratings, "rating_model_consistency")),
+        "rounds_rollouts": figure(mode_count("rollouts")),
+        "rounds_rated": figure(mode_count("rated")),
+        "rounds_succeeded": figure(lambda r: r["rounds_succeeded"]),
+        "rounds_rejected": figure(lambda r: r["rounds_rejected"]),
+        "round_seconds": figure(lambda r: r["round_seconds"]),
+        "swap_pause_ms_median": figure(lambda r: r["swap_pause_ms_median"]),
+        "loop_seconds": figure(lambda r: r["loop_seconds"]),
+        "probe_seconds": figure(lambda r: r["probe_seconds"]),
+        "measure_seconds": figure(lambda r: r["measure_seconds"]),
+    }
+    return {"summary": summary, "curve": mean_curve([r["curve"] for r in runs]),
+            "windows": mean_curve([r["windows"] for r in runs],
+                                  ("mean_rating", "preferred_share", *POINT_KEYS[:5])),
+            "seeds": runs}
+
+
 def check_goals(report: dict) -> dict:
-    """The issue's goals for the default configuration (Reinf's PPO), with the figures."""
+    """The goals for the default configuration (Reinf), on its means over seeds."""
     ppo = report["methods"].get("reinf")
     if ppo is None:
         return {}
-    base = report["base"]
-    window = report["plan"]["window"]
-    scores = ppo["scores"]
-
-    def rolling(n: int) -> float | None:
-        return statistics.fmean(scores[max(0, n - window):n]) if len(scores) >= n else None
-
-    at120 = rolling(120)
-    last = ppo["windows"][-1]
-    ppl_change = ppo["final"]["perplexity"] / base["perplexity"] - 1
-    # Held, not first reached: a first reach is mostly the luck of one window.
-    others = {m: r["ratings_to_target_held"] for m, r in report["methods"].items()
+    plan, runs, base = report["plan"], ppo["seeds"], report["base"]
+    base_curve = report["base_curve"]
+    enough = plan["ratings"] >= GOAL_RISE_BY
+    at48 = aggregate([value_at(r["curve"], GOAL_RISE_BY, "probe_mean_rating") for r in runs]
+                     if enough else [])
+    rise = None if at48["mean"] is None else at48["mean"] - base_curve["probe_mean_rating"]
+    enough_share = plan["ratings"] >= GOAL_SHARE_BY
+    at96 = aggregate([value_at(r["curve"], GOAL_SHARE_BY, "probe_preferred_share")
+                      for r in runs] if enough_share else [])
+    ppl = ppo["summary"]["perplexity_preferred_change"]
+    mine = ppo["summary"]["ratings_to_target_held"]
+    others = {m: r["summary"]["ratings_to_target_held"] for m, r in report["methods"].items()
               if m != "reinf"}
-    mine = ppo["ratings_to_target_held"]
+    spearman = aggregate([next((x.get("rating_model_consistency") for x in r["rounds"]
+                                if x["after_ratings"] >= GOAL_SPEARMAN_AFTER), None)
+                          for r in runs])
     return {
-        "rise_by_120": {"base_mean": base["probe_mean_rating"], "mean_at_120": at120,
-                        "rise": None if at120 is None else at120 - base["probe_mean_rating"],
-                        "met": at120 is not None and at120 - base["probe_mean_rating"] >= 1.0},
-        "share_by_200": {"base_share": base["probe_preferred_share"],
-                         "last_window_share": last["preferred_share"],
-                         "final_probe_share": ppo["final"]["probe_preferred_share"],
-                         "met": len(scores) >= 200 and last["preferred_share"] >= 0.9},
-        "perplexity": {"base": base["perplexity"], "final": ppo["final"]["perplexity"],
-                       "change": ppl_change, "met": ppl_change <= 0.10,
-                       "preferred_change": ratio(ppo["final"].get("perplexity_preferred"),
-                                                 base.get("perplexity_preferred"))},
+        "rise_by_48": {"base_mean": base_curve["probe_mean_rating"], "mean_at_48": at48,
+                       "rise": rise, "met": rise is not None and rise >= GOAL_RISE},
+        "share_by_96": {"base_share": base_curve["probe_preferred_share"], "share_at_96": at96,
+                        "met": at96["mean"] is not None and at96["mean"] >= GOAL_SHARE},
+        "perplexity_preferred": {
+            "base": base.get("perplexity_preferred"), "change": ppl,
+            "overall_change": ppo["summary"]["perplexity_change"],
+            "met": ppl["mean"] is not None and ppl["mean"] <= GOAL_PPL_PREFERRED},
         "fewer_ratings_than_baselines": {
-            "reinf": mine, **others,
-            "met": bool(others) and mine is not None and all(v is None or mine < v
-                                                             for v in others.values())},
+            "reinf": mine["mean"], **{m: {"mean": v["mean"], "bound": v["bound"]}
+                                      for m, v in others.items()},
+            "met": bool(others) and mine["mean"] is not None
+            and all(mine["mean"] < v["bound"] for v in others.values())},
+        "rating_model_after_48": {
+            "spearman": spearman,
+            "met": spearman["n"] == len(runs) and spearman["mean"] >= GOAL_SPEARMAN},
     }

@@ -1,119 +1,191 @@
 """How ``reinf bench learn`` shows its report: a plain-text table and a plot.
 
-The plot has two panels against the number of ratings: the mean rating of each window, and
-the KL to the base per token, one line per method. It is a PNG through matplotlib (Agg, no
-display needed); without matplotlib it is an SVG written by hand.
+Every figure is a mean over seeds; where there is room, its min-max over seeds follows in
+brackets: "4.10 (3.80–4.40)". The plot has two panels against the number of ratings: the
+probe mean rating after each round (the mean over seeds, a band from min to max) and the KL
+to the base per token, one line per method. It is a PNG through matplotlib (Agg, no display
+needed); without matplotlib it is an SVG written by hand.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-COLOURS = {"reinf": "#1f77b4", "sft": "#ff7f0e", "kto": "#2ca02c"}
+COLOURS = {"reinf": "#1f77b4", "rated": "#9467bd", "sft": "#ff7f0e", "kto": "#2ca02c"}
 
 
 def _num(value: Any, fmt: str, missing: str = "-") -> str:
     return missing if value is None else format(value, fmt)
 
 
+def _agg(a: dict | None, fmt: str, missing: str = "-") -> str:
+    """An aggregate over seeds as "mean (min–max)", or the mean alone when they agree."""
+    if not a or a["mean"] is None:
+        return missing
+    if a["n"] < 2 or format(a["min"], fmt) == format(a["max"], fmt):
+        return format(a["mean"], fmt)
+    return f"{a['mean']:{fmt}} ({a['min']:{fmt}}–{a['max']:{fmt}})"
+
+
+def _reach(a: dict, missing: str) -> str:
+    """Ratings to a target over seeds: the mean when every seed reached it, else how many
+    seeds did."""
+    if a["mean"] is not None:
+        return _agg(a, ".0f")
+    if not a["n"]:
+        return missing
+    return f"{a['n']}/{len(a['values'])} seeds: {a['min']}–{a['max']}"
+
+
+def _mean(a: dict | None, fmt: str, missing: str = "-") -> str:
+    return missing if not a or a["mean"] is None else format(a["mean"], fmt)
+
+
 def format_table(report: dict) -> str:
     plan, methods = report["plan"], report["methods"]
     names = list(methods)
-    lines = [f"reinf bench learn: rater {report['rater']['name']} ({report['rater']['description']})",
-             f"  {plan['ratings']} ratings, a round after every {plan['train_after']}, seed "
-             f"{plan['seed']}, windows of {plan['window']}, target mean {plan['target']}",
+    seeds = report["seeds"]
+    rater = report["rater"]
+    lines = [f"reinf bench learn: rater {rater['name']} ({rater['description']})",
+             f"  {plan['ratings']} ratings a run, a round after every {plan['train_after']}, "
+             f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}); target probe mean "
+             f"{plan['target']}",
+             f"  probe: {plan['probe']} fixed prompts and sampling seeds after every round "
+             f"({max(plan['probe'], plan['final_probe'])} for the base and the end)",
              f"  model {report['model']['name']} ({report['model']['parameters']:,} parameters)",
-             f"  machine: {report['machine']}", ""]
-    cell = "{:>5} {:>5} {:>7} {:>6} {:>6}"
-    head = f"{'ratings':>8} | " + " | ".join(f"{methods[m]['label'][:33]:<33}" for m in names)
-    sub = f"{'':>8} | " + " | ".join(cell.format("mean", "pref", "KL", "ppl", "pplP")
+             f"  machine: {report['machine']}"]
+    for m in names:
+        s = methods[m].get("settings") or {}
+        lines.append(f"  {m}: {methods[m]['label']}" + "".join(
+            f"{'; ' if i == 0 else ', '}{k} {v}" for i, (k, v) in enumerate(s.items())))
+    head = f"{'ratings':>8} | " + " | ".join(f"{methods[m]['label'][:28]:<28}" for m in names)
+    lines += ["", "Probe curve after each round, mean over seeds (min–max): probe mean rating, "
+              "preferred share", head, "-" * len(head)]
+    curves = {m: {p["ratings"]: p for p in methods[m]["curve"]} for m in names}
+    for x in sorted({x for c in curves.values() for x in c}):
+        cells = []
+        for m in names:
+            p = curves[m].get(x)
+            cells.append(f"{_agg(p and p['probe_mean_rating'], '.2f'):<22}"
+                         f"{_mean(p and p['probe_preferred_share'], '.0%'):>6}")
+        lines.append(f"{'base' if x == 0 else x:>8} | " + " | ".join(cells))
+    cell = "{:>4} {:>4} {:>6} {:>5} {:>5}"
+    sub = f"{'':>8} | " + " | ".join(f"{cell.format('mean', 'pref', 'KL', 'ppl', 'pplP'):<28}"
                                        for _ in names)
-    lines += [head, sub, "-" * len(sub)]
+    lines += ["", "Live windows of ratings, mean over seeds: mean rating and preferred share of "
+              "the window; KL (per token),", "ppl (held-out corpus) and pplP (its replies in the "
+              "preferred style) of the policy at the window's end", head, sub, "-" * len(sub)]
     for i, w0 in enumerate(methods[names[0]]["windows"]):
         row = []
         for m in names:
             w = methods[m]["windows"][i]
-            mean = w.get("mean_rating", w["probe_mean_rating"])
-            share = w.get("preferred_share", w["probe_preferred_share"])
-            row.append(cell.format(f"{mean:.2f}", f"{share:.0%}", f"{w['kl']:.4f}",
-                                   f"{w['perplexity']:.3f}",
-                                   _num(w.get("perplexity_preferred"), ".3f")))
+            mean = w["mean_rating"] if w["mean_rating"]["mean"] is not None \
+                else w["probe_mean_rating"]
+            share = w["preferred_share"] if w["preferred_share"]["mean"] is not None \
+                else w["probe_preferred_share"]
+            text = cell.format(_mean(mean, ".2f"), _mean(share, ".0%"), _mean(w["kl"], ".4f"),
+                               _mean(w["perplexity"], ".3f"),
+                               _mean(w["perplexity_preferred"], ".3f"))
+            row.append(f"{text:<28}")
         label = "base" if w0["ratings"] == 0 else str(w0["ratings"])
         lines.append(f"{label:>8} | " + " | ".join(row))
-    lines += ["", "  'base' is the base model on the probe prompts; each later row is the window "
-              "of ratings ending there", "  (mean rating, share in the preferred style); KL "
-              "(per token), ppl (held-out corpus) and pplP (its replies in the", "  preferred "
-              "style: fluency where the preference does not pull) are measured at the window's "
-              "end.", ""]
-    rows = [("ratings to target", lambda r: _num(r["ratings_to_target"], "d", "not reached")),
-            ("time to target (s)", lambda r: _num(r["seconds_to_target"], ".0f")),
-            ("ratings to target, held", lambda r: _num(r["ratings_to_target_held"], "d",
-                                                        "not held")),
-            ("time to target, held (s)", lambda r: _num(r["seconds_to_target_held"], ".0f")),
-            ("final probe mean", lambda r: f"{r['final']['probe_mean_rating']:.2f}"),
-            ("final probe preferred", lambda r: f"{r['final']['probe_preferred_share']:.0%}"),
-            ("final KL / token", lambda r: f"{r['final']['kl']:.4f}"),
-            ("final perplexity", lambda r: f"{r['final']['perplexity']:.3f}"),
-            ("final ppl, preferred style", lambda r: _num(r["final"].get("perplexity_preferred"),
-                                                          ".3f")),
-            ("rounds (rejected)", lambda r: f"{r['rounds_succeeded']} ({r['rounds_rejected']})"),
-            ("swap pause, median ms", lambda r: _num(r["swap_pause_ms_median"], ".1f")),
-            ("loop time (s)", lambda r: f"{r['loop_seconds']:.0f}"),
-            ("measuring time (s)", lambda r: f"{r['eval_seconds']:.0f}")]
-    lines.append(f"{'':>24}" + "".join(f"{methods[m]['label'][:22]:>24}" for m in names))
+    final_n = max(plan["probe"], plan["final_probe"])
+    rows = [
+        ("ratings to target", lambda s: _reach(s["ratings_to_target"], "not reached")),
+        ("ratings to target, held", lambda s: _reach(s["ratings_to_target_held"], "not held")),
+        ("time to target, held (s)", lambda s: _agg(s["seconds_to_target_held"], ".0f")),
+        ("live window, held", lambda s: _reach(s["window_ratings_to_target_held"], "not held")),
+        (f"final probe ({final_n}) mean", lambda s: _agg(s["final_probe_mean_rating"], ".2f")),
+        (f"final probe ({final_n}) pref", lambda s: _agg(s["final_probe_preferred_share"],
+                                                         ".0%")),
+        ("final KL / token", lambda s: _agg(s["final_kl"], ".4f")),
+        ("final perplexity", lambda s: _agg(s["final_perplexity"], ".3f")),
+        ("  change", lambda s: _agg(s["perplexity_change"], "+.1%")),
+        ("final ppl, preferred style", lambda s: _agg(s["final_perplexity_preferred"], ".3f")),
+        ("  change", lambda s: _agg(s["perplexity_preferred_change"], "+.1%")),
+        ("rating model Spearman, last", lambda s: _agg(s["rating_model_consistency_last"],
+                                                        ".2f")),
+        ("rounds rollouts / rated", lambda s: "-" if s["rounds_rollouts"]["mean"] is None else
+         f"{s['rounds_rollouts']['mean']:.3g} / {s['rounds_rated']['mean']:.3g}"),
+        ("rounds ok (rejected)", lambda s: f"{_mean(s['rounds_succeeded'], '.3g')} "
+                                           f"({_mean(s['rounds_rejected'], '.3g')})"),
+        ("round time (s)", lambda s: _agg(s["round_seconds"], ".1f")),
+        ("swap pause, median ms", lambda s: _agg(s["swap_pause_ms_median"], ".1f")),
+        ("loop time (s)", lambda s: _agg(s["loop_seconds"], ".0f")),
+        ("probe + measure time (s)", lambda s: f"{_mean(s['probe_seconds'], '.0f')} + "
+                                               f"{_mean(s['measure_seconds'], '.0f')}")]
+    lines += ["", f"{'mean over seeds (min–max)':<27}" + "".join(
+        f"{methods[m]['label'][:25]:>26}" for m in names)]
     for title, fn in rows:
-        lines.append(f"{title:>24}" + "".join(f"{fn(methods[m]):>24}" for m in names))
-    ppo = methods.get("reinf")
-    if ppo:
-        trained = [w for w in ppo["windows"] if w.get("active_checkpoint")]
-        first = trained[0] if trained else None
-        lines += ["", "Reward consistency (Spearman: value head at the last reply token vs "
-                  "held-out ratings):",
-                  f"  held-out corpus replies ({plan['heldout']}): "
-                  f"first trained window {_num(first and first['consistency_heldout'], '.2f')}, "
-                  f"final {_num(ppo['final']['consistency_heldout'], '.2f')}",
-                  "  by window: " + " ".join(
-                      f"{w['ratings']}:{_num(w['consistency_heldout'], '.2f')}" for w in trained),
-                  f"  probe replies ({plan['final_probe']}, final): "
-                  f"{_num(ppo['final']['consistency_probe'], '.2f')} "
-                  "(undefined when every probe reply gets the same rating)"]
-    goals = report.get("goals") or {}
-    if goals:
-        g = goals
-        rise = g["rise_by_120"]
-        lines += ["", "Goals (issue: default config, Reinf):",
-                  f"  [{'x' if rise['met'] else ' '}] mean rating +1.0 within 120 ratings: base "
-                  f"{rise['base_mean']:.2f}, ratings 101-120 {_num(rise['mean_at_120'], '.2f')}",
-                  f"  [{'x' if g['share_by_200']['met'] else ' '}] preferred share >= 90% "
-                  f"within 200: base {g['share_by_200']['base_share']:.0%}, last window "
-                  f"{g['share_by_200']['last_window_share']:.0%}, final probe "
-                  f"{g['share_by_200']['final_probe_share']:.0%}",
-                  f"  [{'x' if g['perplexity']['met'] else ' '}] perplexity +10% at most: "
-                  f"{g['perplexity']['base']:.3f} -> {g['perplexity']['final']:.3f} "
-                  f"({g['perplexity']['change']:+.1%}); on preferred-style replies "
-                  f"{_num(g['perplexity'].get('preferred_change'), '+.1%')}",
-                  f"  [{'x' if g['fewer_ratings_than_baselines']['met'] else ' '}] fewer "
-                  "ratings to target than each baseline: " + ", ".join(
-                      f"{m} {_num(v, 'd', 'never')}" for m, v in
-                      g["fewer_ratings_than_baselines"].items() if m != "met")]
+        lines.append(f"{title:<27}" + "".join(f"{fn(methods[m]['summary']):>26}"
+                                              for m in names))
+    lines += ["", "Rating model, cross-validated Spearman by round (mean over seeds; '-' where "
+              "the method has none):"]
+    for m in names:
+        curve = methods[m]["curve"][1:]
+        values = [f"{p['ratings']}:{_mean(p['rating_model_consistency'], '.2f')}" for p in curve]
+        has = any(p["rating_model_consistency"]["mean"] is not None for p in curve)
+        lines.append(f"  {m:<6} " + (" ".join(values) if has else "-"))
+    lines.append("Round modes (R rollouts, r rated; x rejected, ! failed), one letter a round:")
+    for m in names:
+        for run in methods[m]["seeds"]:
+            lines.append(f"  {m:<6} seed {run['seed']}: " + "".join(
+                _letter(r) for r in run["rounds"]))
+    lines += _goal_lines(report.get("goals") or {})
     lines.append(f"\ntotal {report['seconds']:.0f} s")
     return "\n".join(lines)
 
 
+def _letter(rnd: dict) -> str:
+    if rnd["status"] == "failed":
+        return "!"
+    if rnd["status"] == "rejected":
+        return "x"
+    return {"rollouts": "R", "rated": "r"}.get(rnd.get("mode"), ".")
+
+
+def _goal_lines(g: dict) -> list[str]:
+    if not g:
+        return []
+
+    def box(goal: dict) -> str:
+        return "[x]" if goal["met"] else "[ ]"
+    rise, share, ppl = g["rise_by_48"], g["share_by_96"], g["perplexity_preferred"]
+    fewer, rm = g["fewer_ratings_than_baselines"], g["rating_model_after_48"]
+    others = [f"{m} {_num(v['mean'], '.0f', 'not held in every seed')}"
+              + ("" if v["mean"] is not None else f" (>= {v['bound']:.0f})")
+              for m, v in fewer.items() if m not in ("reinf", "met")]
+    return [
+        "", "Goals (default config, Reinf; means over seeds):",
+        f"  {box(rise)} probe mean +1.0 over the base by 48 ratings: base "
+        f"{rise['base_mean']:.2f}, after 48 {_agg(rise['mean_at_48'], '.2f')}",
+        f"  {box(share)} preferred share >= 90% by 96 ratings: base {share['base_share']:.0%}, "
+        f"after 96 {_agg(share['share_at_96'], '.0%')}",
+        f"  {box(ppl)} held-out perplexity on preferred-style replies +5% at most: "
+        f"{_agg(ppl['change'], '+.1%')} (overall {_agg(ppl['overall_change'], '+.1%')})",
+        f"  {box(fewer)} fewer ratings to the held target than every baseline: reinf "
+        f"{_num(fewer['reinf'], '.0f', 'not held in every seed')}; " + ", ".join(others),
+        f"  {box(rm)} rating model Spearman >= 0.8 at the first round after 48 ratings: "
+        f"{_agg(rm['spearman'], '.2f')}"]
+
+
 def series(report: dict) -> dict[str, dict[str, list[float]]]:
-    """Per method: x (ratings), mean rating per window (the base row uses its probe), KL."""
+    """Per method: x (ratings), the probe mean rating after each round (mean over seeds, with
+    its min and max as lo and hi), and the KL to the base."""
     out = {}
     for name, r in report["methods"].items():
-        ws = r["windows"]
-        out[name] = {"label": r["label"], "x": [w["ratings"] for w in ws],
-                     "mean": [w.get("mean_rating", w["probe_mean_rating"]) for w in ws],
-                     "kl": [w["kl"] for w in ws]}
+        curve = r["curve"]
+        out[name] = {"label": r["label"], "x": [p["ratings"] for p in curve],
+                     "mean": [p["probe_mean_rating"]["mean"] for p in curve],
+                     "lo": [p["probe_mean_rating"]["min"] for p in curve],
+                     "hi": [p["probe_mean_rating"]["max"] for p in curve],
+                     "kl": [p["kl"]["mean"] for p in curve]}
     return out
 
 
 def save_plot(report: dict, path: str | Path) -> Path:
-    """Mean rating and KL against ratings, one line per method. PNG via matplotlib when it
-    is installed, else SVG (the suffix is changed to .svg)."""
+    """Probe mean rating and KL against ratings, one line per method. PNG via matplotlib when
+    it is installed, else SVG (the suffix is changed to .svg)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = series(report)
@@ -125,14 +197,17 @@ def save_plot(report: dict, path: str | Path) -> Path:
         path = path.with_suffix(".svg")
         path.write_text(build_svg(data, report), encoding="utf-8")
         return path
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
     for name, s in data.items():
         colour = COLOURS.get(name)
         left.plot(s["x"], s["mean"], marker="o", ms=3, label=s["label"], color=colour)
+        left.fill_between(s["x"], s["lo"], s["hi"], color=colour, alpha=0.15, lw=0)
         right.plot(s["x"], s["kl"], marker="o", ms=3, label=s["label"], color=colour)
     left.axhline(report["plan"]["target"], color="grey", lw=0.8, ls="--", label="target")
-    left.set(xlabel="ratings", ylabel="mean rating (window)", ylim=(0.8, 5.2),
-             title=f"rater: {report['rater']['name']}")
+    seeds = len(report.get("seeds") or [0])
+    left.set(xlabel="ratings", ylabel=f"probe mean rating ({report['plan']['probe']} prompts)",
+             ylim=(0.8, 5.2), title=f"rater: {report['rater']['name']}; mean of {seeds} "
+                                    "seed(s), band min–max")
     right.set(xlabel="ratings", ylabel="KL to base (nats / token)", title="KL to the base")
     left.legend(fontsize=8, loc="lower right")
     for ax in (left, right):
@@ -144,24 +219,32 @@ def save_plot(report: dict, path: str | Path) -> Path:
 
 
 def build_svg(data: dict, report: dict, width: int = 900, height: int = 360) -> str:
-    """The same two panels as a hand-written SVG (no matplotlib)."""
+    """The same two panels as a hand-written SVG (no matplotlib): a line per method and
+    panel, and the min-max band where the series has one."""
     pw, ph, pad = width / 2 - 60, height - 80, 50
     xmax = max(max(s["x"]) for s in data.values()) or 1
     kmax = max(max(s["kl"]) for s in data.values()) or 1e-3
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" '
              'fill="white"/>']
-    for k, (key, lo, hi, title) in enumerate((("mean", 1.0, 5.0, "mean rating (window)"),
+    for k, (key, lo, hi, title) in enumerate((("mean", 1.0, 5.0, "probe mean rating"),
                                                ("kl", 0.0, kmax, "KL to base (nats/token)"))):
         ox = pad + k * (width / 2)
+
+        def xy(x: float, y: float) -> str:
+            return f"{ox + x / xmax * pw:.1f},{20 + ph - (y - lo) / (hi - lo) * ph:.1f}"
         parts.append(f'<rect x="{ox}" y="20" width="{pw}" height="{ph}" fill="none" '
                      'stroke="#888"/>')
         parts.append(f'<text x="{ox}" y="14">{title} vs ratings (0-{xmax}); '
                      f'y {lo:.3g}-{hi:.3g}</text>')
         for i, (name, s) in enumerate(data.items()):
-            pts = " ".join(f"{ox + x / xmax * pw:.1f},{20 + ph - (y - lo) / (hi - lo) * ph:.1f}"
-                           for x, y in zip(s["x"], s[key]))
             colour = COLOURS.get(name, "#444")
+            if key == "mean" and s.get("lo") and s.get("hi"):
+                band = [xy(x, y) for x, y in zip(s["x"], s["hi"])] + \
+                       [xy(x, y) for x, y in reversed(list(zip(s["x"], s["lo"])))]
+                parts.append(f'<polygon points="{" ".join(band)}" fill="{colour}" '
+                             'fill-opacity="0.15" stroke="none"/>')
+            pts = " ".join(xy(x, y) for x, y in zip(s["x"], s[key]))
             parts.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" '
                          'stroke-width="2"/>')
             if k == 0:

@@ -25,21 +25,27 @@ def _threads(threads: int | None, config) -> int:
 @click.option("--rater", default="prefers-terse", show_default=True,
               help="Built-in rater (prefers-terse, prefers-chatty, prefers-bullets, "
                    "prefers-plain, dislikes-questions, noisy) or FILE.py:function.")
-@click.option("--ratings", type=click.IntRange(1), default=200, show_default=True,
-              help="Ratings per method.")
+@click.option("--ratings", type=click.IntRange(1), default=96, show_default=True,
+              help="Ratings per method and seed.")
 @click.option("--train-after", type=click.IntRange(1), default=None,
-              help="A round after every K new ratings [default: train_after_ratings].")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+              help="A round after every K new ratings [default: train_after_ratings, 8].")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="First seed of the rating streams.")
+@click.option("--seeds", type=click.IntRange(1), default=3, show_default=True,
+              help="Run every method on seeds SEED, SEED+1, ...; the report gives means over "
+                   "seeds and their min-max.")
 @click.option("--model", "model_path", default=None,
               help="Base model (model_path) [default: the configured one].")
-@click.option("--baselines", default="sft,kto", show_default=True,
-              help="Comma-separated: sft (reward-weighted SFT), kto (TRL's KTOTrainer), or none.")
-@click.option("--window", type=click.IntRange(1), default=20, show_default=True,
-              help="Ratings per reported window.")
+@click.option("--baselines", default="rated,sft,kto", show_default=True,
+              help="Comma-separated: rated (Reinf's PPO on rated replies only, "
+                   "training.method=rated), sft (reward-weighted SFT), kto (TRL's KTOTrainer); "
+                   "or none.")
+@click.option("--window", type=click.IntRange(1), default=16, show_default=True,
+              help="Ratings per reported window of live ratings.")
 @click.option("--target", type=click.FloatRange(1, 5), default=4.0, show_default=True,
-              help="Target mean rating (over the last window of ratings).")
-@click.option("--probe", type=click.IntRange(1), default=16, show_default=True,
-              help="Probe replies measured at the end of each window.")
+              help="Target probe mean rating (ratings to target, and held to the end).")
+@click.option("--probe", type=click.IntRange(1), default=64, show_default=True,
+              help="Probe replies after every round (fixed prompts and sampling seeds).")
 @click.option("--final-probe", type=click.IntRange(1), default=128, show_default=True,
               help="Probe replies for the base model and the final measurement.")
 @click.option("--threads", type=click.IntRange(1), default=None,
@@ -49,30 +55,39 @@ def _threads(threads: int | None, config) -> int:
 @click.option("--child", is_flag=True,
               help="Run Reinf's rounds in the daemon's child process (slower; default: in "
                    "this process).")
-@click.option("--keep", is_flag=True, help="Keep each method's temporary data directory.")
+@click.option("--keep", is_flag=True, help="Keep each run's temporary data directory.")
 @json_option
 @click.pass_obj
-def learn(app, rater, ratings, train_after, seed, model_path, baselines, window, target, probe,
-          final_probe, threads, plot_path, child, keep, as_json):
+def learn(app, rater, ratings, train_after, seed, seeds, model_path, baselines, window, target,
+          probe, final_probe, threads, plot_path, child, keep, as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
-    daemon does; then the same for reward-weighted SFT and TRL's KTOTrainer. Reports per
-    window the mean rating, the preferred-style share, KL to the base and held-out
-    perplexity; the ratings and time to reach --target; and the value head's reward
-    consistency. Progress goes to stderr.
+    daemon does; the same trainer on rated replies only; then reward-weighted SFT and TRL's
+    KTOTrainer; each on --seeds rating streams. After every round the policy answers --probe
+    fixed prompts: the rater's mean and preferred share there give the ratings to reach
+    --target (first, and held to the end). Also reports the live windows, KL to the base,
+    held-out perplexity, the rating model's Spearman and each round's mode. Progress goes to
+    stderr.
     """
-    from reinf.bench.learn import LearnPlan, run_learn
+    from reinf.bench.learn import BASELINES, LearnPlan, run_learn
     from reinf.bench.plot import format_table, save_plot
+    from reinf.errors import BadInput
 
+    chosen = list(dict.fromkeys(b.strip() for b in baselines.split(",")
+                                if b.strip() and b.strip() != "none"))
+    unknown = [b for b in chosen if b not in BASELINES]
+    if unknown:
+        raise BadInput(f"unknown baseline {unknown[0]!r}",
+                       fix="--baselines takes a comma list of rated, sft and kto, or none")
     app.override(model_path=model_path)
     config = app.config
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _threads(threads, config)
-    chosen = [b.strip() for b in baselines.split(",") if b.strip() and b.strip() != "none"]
     plan = LearnPlan(rater=rater, ratings=ratings, train_after=train_after or 0, seed=seed,
-                     window=window, target=target, probe=probe, final_probe=final_probe,
-                     methods=("reinf", *chosen), child=child, keep=keep)
+                     seeds=seeds, window=window, target=target, probe=probe,
+                     final_probe=final_probe, methods=("reinf", *chosen), child=child,
+                     keep=keep)
     report = run_learn(config, plan)
     report["plot"] = str(save_plot(report, plot_path))
     emit(report, as_json, lambda r: click.echo(format_table(r) + f"\nplot: {r['plot']}"))
@@ -94,9 +109,12 @@ def learn(app, rater, ratings, train_after, seed, model_path, baselines, window,
 @json_option
 @click.pass_context
 def speed(ctx, models, turns, turns_large, quick, threads, as_json):
-    """Time to first token, tokens/s, swap pause, PPO round time and memory, as ratios.
+    """Time to first token, tokens/s, batched rollout sampling, swap pause, PPO round time
+    and memory, as ratios.
 
-    Each model is measured in its own process, so peak memory is its own.
+    Each model is measured in its own process, so peak memory is its own. Batched sampling is
+    the trainer's rollout sampler at training.rollout_batch_size replies at once, in tokens/s
+    against the engine's single stream.
     """
     from reinf.bench.speed import format_speed, run_speed
 

@@ -21,8 +21,8 @@ spread; the reward of a fresh reply is pessimistic, ``mean - pessimism * std``, 
 reply the model is unsure of is not over-rewarded.
 
 **Consistency** is the cross-validated Spearman correlation between the predicted and the
-real scores of held-out ratings (k-fold; the ridge strength is chosen inside each fold, so
-the figure is honest). It decides whether the round may trust the model (see
+real scores of held-out ratings (leave-one-out up to 48 ratings, 10 folds beyond; the ridge
+strength is chosen inside each fold, so the figure is honest). It decides whether the round may trust the model (see
 ``reinf.training.trainer``) and is reported as the "reward consistency" figure.
 """
 from __future__ import annotations
@@ -37,7 +37,8 @@ from torch import Tensor
 
 #: Ridge strengths tried, as multiples of the mean diagonal of the feature kernel.
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
-FOLDS = 5
+FOLDS = 10              # cross-validation folds once there are more than LOO_UP_TO ratings
+LOO_UP_TO = 48          # up to here every rating is its own fold (leave-one-out)
 
 
 # --- features -----------------------------------------------------------------------------
@@ -199,13 +200,15 @@ def fit_rating_model(x: Tensor, y: Sequence[float], *, heads: int = 5, seed: int
 
 
 def cross_validated_spearman(x: Tensor, y: Tensor, *, seed: int = 0,
-                             folds: int = FOLDS) -> float | None:
-    """Spearman between each rating and its prediction by a model that never saw it."""
+                             folds: int | None = None) -> float | None:
+    """Spearman between each rating and its prediction by a model that never saw it:
+    leave-one-out up to LOO_UP_TO ratings (a few ratings are too precious to hold out five
+    at a time), FOLDS folds beyond."""
     n = len(y)
     if n < 4 or float(y.max()) == float(y.min()):
         return None
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    k = min(folds, n)
+    k = min(folds or (n if n <= LOO_UP_TO else FOLDS), n)
     predictions = torch.zeros(n, dtype=torch.float64)
     for f in range(k):
         test = order[f::k]
@@ -217,7 +220,10 @@ def cross_validated_spearman(x: Tensor, y: Tensor, *, seed: int = 0,
         strength = choose_strength(xt, yt)
         mu, sd = _standardise(xt)
         fit = _fit((xt - mu) / sd, yt, strength)
-        predictions[test] = ((x[test].double() - mu) / sd) @ fit.w + fit.b
+        # Without the fold's intercept (its training mean): leaving a rating out moves
+        # that mean against the rating, which on a handful of ratings anti-correlates the
+        # predictions with the truth by itself. Ranks need no common offset.
+        predictions[test] = ((x[test].double() - mu) / sd) @ fit.w
     return spearman(predictions.tolist(), y.tolist())
 
 

@@ -28,41 +28,100 @@ def run_learn(invoke, tmp_path, *args):
     return json.loads(result.stdout), plot
 
 
-def test_learn_runs_reinf_and_the_baselines_on_one_stream(invoke, tmp_path):
-    baselines = "sft,kto" if HAVE_TRL else "sft"
+def held_from(curve: list[dict], target: float) -> int | None:
+    """The held target worked out here by hand: the first round from which every later probe
+    mean stays at or above ``target``."""
+    held = None
+    for p in reversed(curve):
+        if p["probe_mean_rating"] < target:
+            break
+        held = p["ratings"]
+    return held
+
+
+def test_learn_runs_every_method_on_each_seed(invoke, tmp_path):
+    baselines = "rated,sft,kto" if HAVE_TRL else "rated,sft"
     report, plot = run_learn(invoke, tmp_path, "--ratings", "16", "--train-after", "8",
-                             "--window", "8", "--probe", "4", "--final-probe", "8",
-                             "--baselines", baselines)
+                             "--window", "8", "--seeds", "2", "--probe", "4",
+                             "--final-probe", "6", "--target", "3.0", "--baselines", baselines)
     methods = report["methods"]
     assert list(methods) == ["reinf", *baselines.split(",")]
-    assert report["plan"]["train_after"] == 8 and report["rater"]["name"] == "prefers-terse"
-    for name, r in methods.items():
-        # Every method ran a round after ratings 8 and 16 and swapped its checkpoint in.
-        assert [x["after_ratings"] for x in r["rounds"]] == [8, 16], name
-        assert all(x["status"] == "succeeded" for x in r["rounds"]), r["rounds"]
-        assert all(x["swap_pause_ms"] is not None for x in r["rounds"])
-        assert r["final"]["active_checkpoint"] == r["rounds"][-1]["checkpoint_id"]
-        assert r["final"]["kl"] > 0                          # the adapter moved the policy
-        assert len(r["scores"]) == 16 and set(r["scores"]) <= {1, 5}
-        windows = r["windows"]
-        assert [w["ratings"] for w in windows] == [0, 8, 16]
-        for w, chunk in zip(windows[1:], (r["scores"][:8], r["scores"][8:])):
-            assert w["mean_rating"] == pytest.approx(statistics.fmean(chunk))
-            assert 0 <= w["preferred_share"] <= 1 and w["perplexity"] > 1
-            assert w["perplexity_preferred"] > 1   # the held-out replies in the rater's style
-        assert r["data_dir"] is None                         # temporary data dirs are removed
-        held = r["ratings_to_target_held"]
-        assert held is None or (r["ratings_to_target"] is not None
-                                and held >= r["ratings_to_target"])
-    # The identical stream: until the first round every method saw the same replies.
-    firsts = {tuple(r["scores"][:8]) for r in methods.values()}
-    assert len(firsts) == 1
-    # Only PPO has a critic; a baseline's zero value head predicts nothing.
-    assert methods["sft"]["final"]["consistency_heldout"] is None
-    assert methods["reinf"]["final"]["consistency_heldout"] is not None
-    assert set(report["goals"]) == {"rise_by_120", "share_by_200", "perplexity",
-                                    "fewer_ratings_than_baselines"}
+    assert report["seeds"] == [0, 1] and report["plan"]["train_after"] == 8
+    assert report["rater"]["name"] == "prefers-terse"
+    base = report["base_curve"]
+    assert base["probe"] == 4 and report["base"]["probe"] == 6 and base["kl"] == 0
+    for name, m in methods.items():
+        runs = m["seeds"]
+        assert [r["seed"] for r in runs] == [0, 1], name
+        for r in runs:
+            # A round after ratings 8 and 16, each swapped in, each followed by the probe.
+            assert [x["after_ratings"] for x in r["rounds"]] == [8, 16], name
+            assert all(x["status"] == "succeeded" for x in r["rounds"]), r["rounds"]
+            assert all(x["swap_pause_ms"] is not None for x in r["rounds"])
+            assert r["final"]["active_checkpoint"] == r["rounds"][-1]["checkpoint_id"]
+            assert r["final"]["probe"] == 6 and all(x["steps"] > 0 for x in r["rounds"])
+            if name != "kto":
+                # The adapter moved. (KTO at TRL's recommended learning rate, 5e-6, moves it
+                # by a KL of about 1e-9 in two rounds: below what the probe can resolve.)
+                assert r["final"]["kl"] > 1e-7, name
+            curve = r["curve"]
+            assert [p["ratings"] for p in curve] == [0, 8, 16]
+            assert curve[0]["probe_mean_rating"] == base["probe_mean_rating"]  # fixed probe
+            assert [p["active_checkpoint"] for p in curve[1:]] == [
+                x["checkpoint_id"] for x in r["rounds"]]
+            assert all(p["probe"] == 4 and 1 <= p["probe_mean_rating"] <= 5 for p in curve)
+            # Ratings to target read the probe curve; held is worked out here independently.
+            assert r["ratings_to_target_held"] == held_from(curve, 3.0)
+            first = next((p["ratings"] for p in curve if p["probe_mean_rating"] >= 3.0), None)
+            assert r["ratings_to_target"] == first
+            assert len(r["scores"]) == 16 and set(r["scores"]) <= {1, 5}
+            assert [w["ratings"] for w in r["windows"]] == [0, 8, 16]
+            for w, chunk in zip(r["windows"][1:], (r["scores"][:8], r["scores"][8:])):
+                assert w["mean_rating"] == pytest.approx(statistics.fmean(chunk))
+                assert w["perplexity"] > 1 and w["perplexity_preferred"] > 1
+            assert r["data_dir"] is None                       # temporary data dirs are removed
+        # The headline figures: mean, min and max of the per-seed values.
+        s = m["summary"]
+        for key, value in (("final_kl", lambda r: r["final"]["kl"]),
+                           ("final_probe_mean_rating", lambda r: r["final"]["probe_mean_rating"]),
+                           ("round_seconds", lambda r: r["round_seconds"])):
+            values = [value(r) for r in runs]
+            assert s[key]["values"] == values, key
+            assert s[key]["mean"] == pytest.approx(statistics.fmean(values))
+            assert (s[key]["min"], s[key]["max"]) == (min(values), max(values))
+        held = [r["ratings_to_target_held"] for r in runs]
+        assert s["ratings_to_target_held"]["values"] == held
+        assert s["ratings_to_target_held"]["mean"] == (
+            None if None in held else pytest.approx(statistics.fmean(held)))
+        for i, point in enumerate(m["curve"]):
+            values = [r["curve"][i]["probe_mean_rating"] for r in runs]
+            assert point["probe_mean_rating"]["mean"] == pytest.approx(statistics.fmean(values))
+            assert point["probe_mean_rating"]["min"] == min(values)
+    # The identical stream: within a seed, until the first round every method saw the same
+    # replies; the second seed's stream is another.
+    for i in (0, 1):
+        assert len({tuple(m["seeds"][i]["scores"][:8]) for m in methods.values()}) == 1
+    # Reinf's default trainer fits a rating model and reports each round's mode; the rated
+    # baseline is the same trainer on rated replies only, with no rating model.
+    for r in methods["reinf"]["seeds"]:
+        assert all(x["mode"] in ("rollouts", "rated") and "rating_model_consistency" in x
+                   for x in r["rounds"])
+    for r in methods["rated"]["seeds"]:
+        assert [x["mode"] for x in r["rounds"]] == ["rated", "rated"]
+        assert all("rating_model_consistency" not in x for x in r["rounds"])
+    assert methods["rated"]["summary"]["rounds_rated"]["mean"] == 2
+    assert methods["rated"]["settings"]["training_method"] == "rated"
+    assert methods["sft"]["summary"]["rounds_rollouts"]["mean"] is None    # no modes
+    if HAVE_TRL:
+        assert methods["kto"]["settings"]["learning_rate"] == 5e-6
+        assert methods["kto"]["settings"]["effective_batch"] >= 16
+    assert set(report["goals"]) == {"rise_by_48", "share_by_96", "perplexity_preferred",
+                                    "fewer_ratings_than_baselines", "rating_model_after_48"}
+    assert not report["goals"]["rise_by_48"]["met"]      # 16 ratings cannot show 48
     assert report["plot"] == str(plot) and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from reinf.bench.plot import format_table
+    text = format_table(report)
+    assert "Probe curve after each round" in text and "PPO on rated replies only" in text
 
 
 def test_learn_is_deterministic_and_takes_a_rater_file(invoke, tmp_path):
@@ -70,21 +129,26 @@ def test_learn_is_deterministic_and_takes_a_rater_file(invoke, tmp_path):
     rater.write_text("def rate(prompt, reply):\n    return 5 if reply.strip().endswith('?') "
                      "else 2\n")
     args = ("--ratings", "6", "--train-after", "3", "--window", "3", "--probe", "2",
-            "--final-probe", "4", "--baselines", "none", "--rater", f"{rater}:rate")
+            "--final-probe", "4", "--seeds", "1", "--baselines", "none",
+            "--rater", f"{rater}:rate")
     first, _ = run_learn(invoke, tmp_path, *args)
     second, _ = run_learn(invoke, tmp_path, *args)
-    a, b = first["methods"]["reinf"], second["methods"]["reinf"]
+    a, b = first["methods"]["reinf"]["seeds"][0], second["methods"]["reinf"]["seeds"][0]
     assert first["rater"]["name"] == "rater.py:rate"
     assert set(a["scores"]) <= {2, 5}
     assert a["preferred"] == [int(s >= 4) for s in a["scores"]]   # no preferred(): rated 4-5
     assert a["scores"] == b["scores"]
+    assert [p["probe_mean_rating"] for p in a["curve"]] == [
+        p["probe_mean_rating"] for p in b["curve"]]
     assert a["final"]["kl"] == pytest.approx(b["final"]["kl"], rel=1e-4, abs=1e-7)
     assert [r["status"] for r in a["rounds"]] == ["succeeded", "succeeded"]
 
 
-def test_learn_refuses_a_bad_rater_before_loading_anything(invoke):
+def test_learn_refuses_a_bad_rater_or_baseline_before_loading_anything(invoke):
     result = invoke("bench", "learn", "--rater", "prefers-nothing", "--baselines", "none")
     assert result.exit_code == 1 and "unknown rater" in result.output
+    result = invoke("bench", "learn", "--baselines", "rated,reinf")
+    assert result.exit_code == 1 and "unknown baseline 'reinf'" in result.output
 
 
 def test_speed_quick_reports_every_figure(invoke):

@@ -1,0 +1,167 @@
+"""`reinf bench learn`'s arithmetic, with no model: targets on the probe curve, the
+aggregation over seeds, the goals, and the table and SVG built from them. None of it needs
+the optional ``bench`` extra (trl, datasets, matplotlib, scipy)."""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from reinf.bench.learn import (LearnPlan, aggregate, aggregate_reach, check_goals,
+                               curve_to_target, mean_curve, summarize_method, value_at)
+from reinf.bench.plot import build_svg, format_table, series
+
+
+def test_curve_to_target_reads_the_first_round_at_target():
+    curve = [(0, 2.0), (8, 3.0), (16, 4.2), (24, 3.9), (32, 4.0), (40, 4.5)]
+    assert curve_to_target(curve, 4.0) == 16
+    assert curve_to_target(curve, 4.6) is None
+    assert curve_to_target([(0, 4.1), (8, 3.0)], 4.0) == 0     # the base can already be there
+
+
+def test_held_target_must_last_to_the_end_of_the_curve():
+    curve = [(0, 2.0), (8, 3.0), (16, 4.2), (24, 3.9), (32, 4.0), (40, 4.5)]
+    assert curve_to_target(curve, 4.0, held=True) == 32        # the dip at 24 resets it
+    assert curve_to_target(curve + [(48, 3.99)], 4.0, held=True) is None
+    assert curve_to_target([(0, 4.0), (8, 4.0)], 4.0, held=True) == 0
+    assert curve_to_target([], 4.0, held=True) is None
+
+
+def test_aggregate_gives_mean_and_range_of_the_seeds_that_have_a_value():
+    a = aggregate([3.8, 4.4, 4.1])
+    assert a["mean"] == pytest.approx(4.1) and (a["min"], a["max"], a["n"]) == (3.8, 4.4, 3)
+    assert a["values"] == [3.8, 4.4, 4.1]
+    b = aggregate([None, 0.5, 0.7])
+    assert b["mean"] == pytest.approx(0.6) and b["n"] == 2 and b["values"][0] is None
+    assert aggregate([None, None]) == {"mean": None, "min": None, "max": None, "n": 0,
+                                       "values": [None, None]}
+
+
+def test_ratings_to_target_over_seeds_has_a_mean_only_when_every_seed_got_there():
+    every = aggregate_reach([16, 24, 32], never=97)
+    assert every["mean"] == 24 and every["bound"] == 24 and (every["min"], every["max"]) == (16, 32)
+    some = aggregate_reach([16, None, 32], never=97)
+    assert some["mean"] is None and some["n"] == 2 and (some["min"], some["max"]) == (16, 32)
+    assert some["bound"] == pytest.approx((16 + 97 + 32) / 3)    # a lower bound of the truth
+    assert aggregate_reach([None, None], never=97)["bound"] == 97
+
+
+def test_mean_curve_aligns_rounds_and_counts_modes():
+    seed0 = [{"ratings": 0, "probe_mean_rating": 2.0}, {"ratings": 8, "probe_mean_rating": 3.0,
+                                                        "mode": "rated"}]
+    seed1 = [{"ratings": 0, "probe_mean_rating": 2.0}, {"ratings": 8, "probe_mean_rating": 4.0,
+                                                        "mode": "rollouts"}]
+    curve = mean_curve([seed0, seed1], ("probe_mean_rating", "kl"))
+    assert [p["ratings"] for p in curve] == [0, 8]
+    assert curve[1]["probe_mean_rating"]["mean"] == 3.5 and curve[1]["seeds"] == 2
+    assert curve[1]["kl"]["mean"] is None and curve[1]["modes"] == {"rated": 1, "rollouts": 1}
+    assert curve[0]["modes"] is None
+    assert value_at(seed1, 12, "probe_mean_rating") == 4.0    # the policy active after 12
+    assert value_at(seed1, 7, "probe_mean_rating") == 2.0
+
+
+def fake_run(seed: int, curve: list[float], *, k: int = 16, ppl_pref: float = 1.5,
+             consistency: float | None = 0.9, mode: str | None = "rollouts") -> dict:
+    """A per-seed run as run_method returns it, with a probe mean per round."""
+    points = [{"ratings": i * k, "seconds": float(i), "probe_mean_rating": v,
+               "probe_preferred_share": (v - 1) / 4, "kl": 0.01 * i, "perplexity": 1.3,
+               "perplexity_preferred": ppl_pref, "mode": mode if i else None,
+               "rating_model_consistency": consistency if i and mode == "rollouts" else None}
+              for i, v in enumerate(curve)]
+    rounds = [{"after_ratings": p["ratings"], "status": "succeeded", "wall_seconds": 2.0,
+               **({"mode": mode} if mode else {}),
+               **({"rating_model_consistency": consistency} if mode == "rollouts" else {})}
+              for p in points[1:]]
+    target = [(p["ratings"], p["probe_mean_rating"]) for p in points]
+    held = curve_to_target(target, 4.0, held=True)
+    final = {key: points[-1][key] for key in ("probe_mean_rating", "probe_preferred_share", "kl",
+                                              "perplexity", "perplexity_preferred")}
+    return {"seed": seed, "curve": points, "windows": points, "final": final, "rounds": rounds,
+            "modes": {mode: len(rounds)} if mode else None,
+            "ratings_to_target": curve_to_target(target, 4.0), "seconds_to_target": None,
+            "ratings_to_target_held": held, "seconds_to_target_held": None,
+            "window_ratings_to_target_held": None, "loop_seconds": 10.0, "probe_seconds": 3.0,
+            "measure_seconds": 1.0, "round_seconds": 2.0, "rounds_succeeded": len(rounds),
+            "rounds_rejected": 0, "swap_pause_ms_median": 5.0}
+
+
+BASE = {"probe_mean_rating": 2.0, "probe_preferred_share": 0.25, "kl": 0.0, "perplexity": 1.3,
+        "perplexity_preferred": 1.5}
+
+
+def fake_report(methods: dict[str, list[dict]], ratings: int = 96) -> dict:
+    plan = LearnPlan(ratings=ratings, train_after=16, seeds=len(methods["reinf"]))
+    report = {"rater": {"name": "prefers-terse", "description": "terse"},
+              "plan": {**plan.__dict__, "methods": list(methods)},
+              "seeds": [r["seed"] for r in methods["reinf"]], "machine": "test",
+              "model": {"name": "fake", "parameters": 1}, "base": BASE, "base_curve": BASE,
+              "seconds": 1.0,
+              "methods": {m: {"label": m, "settings": {}, **summarize_method(runs, plan, BASE)}
+                          for m, runs in methods.items()}}
+    report["goals"] = check_goals(report)
+    return report
+
+
+def test_summary_is_the_mean_and_range_of_the_seeds():
+    runs = [fake_run(0, [2.0, 3.0, 4.0, 4.5, 4.5, 4.5, 4.5]),
+            fake_run(1, [2.0, 3.5, 4.5, 4.0, 4.5, 4.5, 4.5])]
+    report = fake_report({"reinf": runs})
+    s = report["methods"]["reinf"]["summary"]
+    assert s["ratings_to_target_held"]["values"] == [32, 32]
+    assert s["ratings_to_target"]["values"] == [32, 32] and s["ratings_to_target"]["mean"] == 32
+    assert s["final_probe_mean_rating"]["mean"] == 4.5
+    assert s["rounds_rollouts"]["mean"] == 6 and s["rounds_rated"]["mean"] == 0
+    curve = report["methods"]["reinf"]["curve"]
+    assert curve[1]["probe_mean_rating"]["mean"] == pytest.approx(statistics.fmean([3.0, 3.5]))
+    at16 = curve[1]["probe_mean_rating"]
+    assert (at16["min"], at16["max"]) == (3.0, 3.5)
+    assert report["methods"]["reinf"]["seeds"] == runs    # the per-seed detail is kept
+
+
+def test_goals_read_the_means_over_seeds():
+    fast = [fake_run(0, [2.0, 3.5, 4.5, 4.6, 4.6, 4.6, 4.7]),
+            fake_run(1, [2.0, 3.0, 4.2, 4.6, 4.6, 4.7, 4.7])]
+    slow = [fake_run(0, [2.0, 2.5, 3.0, 3.5, 4.1, 4.2, 4.3], mode="rated", consistency=None),
+            fake_run(1, [2.0, 2.5, 3.0, 3.5, 3.6, 3.9, 3.9], mode="rated", consistency=None)]
+    g = fake_report({"reinf": fast, "rated": slow})["goals"]
+    # After 48 ratings (the round at 48): (4.6 + 4.6) / 2 - 2.0 = +2.6.
+    assert g["rise_by_48"]["rise"] == pytest.approx(2.6) and g["rise_by_48"]["met"]
+    assert g["share_by_96"]["share_at_96"]["mean"] == pytest.approx((4.7 - 1) / 4)
+    assert g["share_by_96"]["met"]
+    assert g["perplexity_preferred"]["change"]["mean"] == pytest.approx(0.0)
+    assert g["perplexity_preferred"]["met"]
+    # reinf held from 32 in both seeds; rated held from 64 in one seed, never in the other:
+    # its lower bound (64 + 97) / 2 is above 32.
+    fewer = g["fewer_ratings_than_baselines"]
+    assert fewer["reinf"] == 32 and fewer["rated"]["mean"] is None
+    assert fewer["rated"]["bound"] == pytest.approx((64 + 97) / 2) and fewer["met"]
+    assert g["rating_model_after_48"]["spearman"]["mean"] == pytest.approx(0.9)
+    assert g["rating_model_after_48"]["met"]
+
+
+def test_goals_fail_where_the_run_falls_short():
+    weak = [fake_run(0, [2.0, 2.5, 2.5], k=16, ppl_pref=1.6, consistency=0.5)]
+    g = fake_report({"reinf": weak, "sft": [fake_run(0, [2.0, 2.5, 4.5], mode=None)]},
+                    ratings=32)["goals"]
+    assert not g["rise_by_48"]["met"] and g["rise_by_48"]["rise"] is None   # 32 < 48 ratings
+    assert not g["share_by_96"]["met"]
+    assert g["perplexity_preferred"]["change"]["mean"] == pytest.approx(1.6 / 1.5 - 1)
+    assert not g["perplexity_preferred"]["met"]                             # +6.7% > +5%
+    assert not g["fewer_ratings_than_baselines"]["met"]                     # never held
+    assert g["rating_model_after_48"]["spearman"]["n"] == 0                 # no round at 48
+    assert not g["rating_model_after_48"]["met"]
+
+
+def test_table_and_svg_show_means_and_ranges():
+    runs = [fake_run(0, [2.0, 3.8, 4.4]), fake_run(1, [2.0, 4.4, 4.4])]
+    report = fake_report({"reinf": runs, "sft": [fake_run(0, [2.0, 2.0, 2.5], mode=None),
+                                                 fake_run(1, [2.0, 2.5, 2.5], mode=None)]},
+                         ratings=32)
+    text = format_table(report)
+    assert "4.10 (3.80–4.40)" in text                 # the probe curve after 16 ratings
+    assert "Round modes" in text and "reinf  seed 1: RR" in text and "sft    seed 0: .." in text
+    assert "  reinf  16:0.90 32:0.90" in text and "  sft    -" in text   # rating model
+    data = series(report)
+    assert data["reinf"]["lo"] == [2.0, 3.8, 4.4] and data["reinf"]["hi"] == [2.0, 4.4, 4.4]
+    svg = build_svg(data, report)
+    assert svg.count("<polyline") == 4 and svg.count("<polygon") == 2   # a band per method
