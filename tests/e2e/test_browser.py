@@ -241,7 +241,12 @@ def test_training_page_shows_runs_hook_error_and_rolls_back(browser, config, sto
     for score, ckpt in ((2, None), (3, None), (4, "ckpt-2"), (5, "ckpt-2")):
         tid = store.append_turn(store.create_conversation().id, "q", "a", checkpoint_id=ckpt).id
         store.rate(tid, score)  # rated before the runs: nothing is waiting afterwards
+    from reinf.training.checkpoints import REQUIRED
+
     for n, reward in ((1, 0.1), (2, 0.45)):
+        (tmp_path / f"c{n}").mkdir()  # complete on disk: the daemon keeps it active
+        for file in REQUIRED:
+            (tmp_path / f"c{n}" / file).write_text("x")
         run = store.start_run("manual")
         store.add_checkpoint(f"ckpt-{n}", str(tmp_path / f"c{n}"), run_id=run.id,
                              parent_id=f"ckpt-{n - 1}" if n > 1 else None,

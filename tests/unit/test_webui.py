@@ -434,7 +434,8 @@ def test_status_reports_counts(client, store):
     chat(client)
     s = client.get("/api/status").get_json()
     assert s["counts"]["turns"] == 1 and s["active_checkpoint"] == "base"
-    assert s["training"] == {"running": False, "last_result": None}
+    assert s["training"]["running"] is False and s["training"]["last_result"] is None
+    assert s["training"]["method"] == "rollouts" and s["training"]["last_mode"] is None
 
 
 # --- pages and errors ----------------------------------------------------------------
