@@ -73,8 +73,10 @@ class ModelConfig:
     dtype: str = setting("auto", "weights dtype; auto = bf16 on CUDA, fp32 elsewhere",
                          choices=("auto", "float32", "bfloat16", "float16"))
     trust_remote_code: bool = setting(False, "allow model code from the hub (off: safer)")
-    max_history: int = setting(4, "past turns sent with each message (the demo model is best "
-                                  "at <= 4; raise it for real models)", min=0)
+    max_history: int | None = setting(None, "past turns sent with each message; null = auto: 4 "
+                                            "on the demo model (trained on short chats), else "
+                                            "as many as fit the context budget, at most 32; "
+                                            "0 = none", min=0)
     max_context_tokens: int = setting(0, "prompt token budget; 0 = the model's own limit", min=0)
 
 
@@ -91,7 +93,10 @@ class LoraConfig:
     alpha: int = setting(16, "LoRA scaling numerator (scale = alpha / r)", min=1)
     dropout: float = setting(0.05, "LoRA dropout; PPO turns it off in every pass, so only the "
                                    "bench baselines (SFT, KTO) use it", min=0.0, max=0.9)
-    target_modules: list[str] = setting(["q_proj", "v_proj"], "module names that get adapters")
+    target_modules: list[str] | str = setting(
+        "auto", "layers that get adapters: auto = the attention projections of the loaded "
+                "model, all-linear, or a list of names (q_proj, v_proj)",
+        choices=("auto", "all-linear"))
 
 
 @dataclass(frozen=True)
@@ -397,6 +402,8 @@ def _coerce(info: SettingInfo, raw: Any, where: str, from_text: bool) -> Any:
         return ConfigError(f"{info.public} = {raw!r} ({where}): expected {expected}",
                            key=info.public, fix=fix)
 
+    if origin is not list and list in (typing.get_origin(a) for a in args):
+        return _coerce_names(info, raw, where, from_text)
     if from_text and origin in (list, dict, bool):
         if origin is list and not raw.strip().startswith("["):
             raw = [p.strip() for p in raw.split(",") if p.strip()]
@@ -461,6 +468,38 @@ def _coerce(info: SettingInfo, raw: Any, where: str, from_text: bool) -> Any:
     return value
 
 
+def _coerce_names(info: SettingInfo, raw: Any, where: str, from_text: bool) -> str | list[str]:
+    """A setting that is one of its ``choices`` (``auto``) or a non-empty list of names;
+    from text, a comma-separated string or a YAML list."""
+    words = info.meta["choices"] or ()
+    expected = f"{', '.join(words)}, or a list of names"
+    fix = (f"set {info.public} to {' or '.join(words)}, or to a list of layer names such "
+           "as [q_proj, v_proj]")
+    value = raw
+    if isinstance(value, str):
+        if value.strip().lower() in words:
+            return value.strip().lower()
+        if not from_text:
+            raise ConfigError(f"{info.public} = {raw!r} ({where}): expected {expected}",
+                              key=info.public, fix=fix)
+        try:
+            value = yaml.safe_load(value) if value.strip().startswith("[") else \
+                [p.strip() for p in value.split(",") if p.strip()]
+        except yaml.YAMLError:
+            value = None
+    if not isinstance(value, list) or not value or \
+            not all(isinstance(x, str) and x.strip() for x in value):
+        raise ConfigError(f"{info.public} = {raw!r} ({where}): expected {expected}",
+                          key=info.public, fix=fix)
+    names = [x.strip() for x in value]
+    for name in names:
+        if name.lower() in words:
+            raise ConfigError(f"{info.public} = {raw!r} ({where}): {name} is a value of its "
+                              "own, not a layer name", key=info.public,
+                              fix=f"set {info.public}: {name.lower()} (not in a list)")
+    return names
+
+
 def _type_name(origin: Any) -> str:
     return {int: "whole number", float: "number", str: "string", bool: "boolean",
             list: "list", dict: "mapping"}.get(origin, str(origin))
@@ -479,11 +518,22 @@ def _check_combinations(cfg: Config, where: str) -> None:
         raise ConfigError(f"batch_size ({cfg.ppo.batch_size}) exceeds replay_buffer_size "
                           f"({cfg.ppo.replay_buffer_size}) ({where})", key="batch_size",
                           fix="lower batch_size or raise replay_buffer_size")
-    if not is_loopback(cfg.server.host) and not cfg.server.auth_token:
+    token, min_chars = cfg.server.auth_token, 16
+    make_one = f"e.g. REINF_AUTH_TOKEN=$(openssl rand -hex {min_chars})"
+    if token and not token.strip():
+        raise ConfigError(f"auth_token is blank ({where})", key="auth_token",
+                          fix=f"set a random token of at least {min_chars} characters "
+                              f"({make_one}), or remove auth_token")
+    if not is_loopback(cfg.server.host) and not token:
         raise ConfigError(f"host {cfg.server.host} is reachable from other machines but "
                           f"auth_token is not set ({where})", key="auth_token",
-                          fix="set auth_token (e.g. REINF_AUTH_TOKEN=$(openssl rand -hex 16)) "
-                              "or bind host to 127.0.0.1")
+                          fix=f"set auth_token ({make_one}) or bind host to 127.0.0.1")
+    if not is_loopback(cfg.server.host) and len(token.strip()) < min_chars:
+        raise ConfigError(f"host {cfg.server.host} is reachable from other machines but "
+                          f"auth_token is only {len(token.strip())} characters; it must be at "
+                          f"least {min_chars} ({where})", key="auth_token",
+                          fix=f"set a longer auth_token ({make_one}) or bind host to "
+                              "127.0.0.1")
 
 
 def is_loopback(host: str) -> bool:

@@ -79,7 +79,10 @@ def _alembic_config(engine: Engine):
 
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # ConfigParser treats "%" as interpolation; URL-escaped parts (a socket path in
+    # ?host=%2F..., a password) carry it, so double it.
+    cfg.set_main_option("sqlalchemy.url",
+                        engine.url.render_as_string(hide_password=False).replace("%", "%%"))
     cfg.attributes["engine"] = engine
     return cfg
 

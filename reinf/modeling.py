@@ -115,6 +115,9 @@ def load_model(config: Config, *, device: str | None = None,
     model.eval()
     if not for_training:
         model.requires_grad_(False)
+        from reinf.lora import lora_target_warnings
+
+        warnings += lora_target_warnings(model, config.lora.target_modules)  # training refuses
     for w in warnings:
         log.warning(w)
     return LoadedModel(model, tokenizer, plan.device, model.dtype, plan.quantization, name,
@@ -341,3 +344,106 @@ def quiet_peft():
         warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated",
                                 category=FutureWarning)
         yield
+
+
+def resolve_max_history(max_history: int | None, model_name: str, *, demo_turns: int = 4,
+                        cap: int = 32) -> int:
+    """Past turns to send with a message: ``model.max_history`` where it is set (0 = none).
+
+    Unset (null) means auto: ``demo_turns`` on the demo model, which was trained on chats
+    of at most a few turns and drifts on longer ones; on any other model up to ``cap``
+    turns, and ``build_prompt_ids`` then drops the oldest that do not fit the context
+    budget, so a long-context model remembers more. The cap bounds the work of rendering a
+    prompt (one chat-template pass per dropped turn). ``model_name`` is the model path as
+    loaded (``LoadedModel.name``) or the ``model_path`` setting.
+    """
+    from reinf.config import DEMO_MODEL
+
+    if max_history is not None:
+        return max_history
+    return demo_turns if Path(model_name).name == DEMO_MODEL else cap
+
+
+# --- logits ------------------------------------------------------------------------------
+
+# What each family's forward does between the decoder's last hidden state and the logits,
+# besides the LM head (read from transformers' modeling_<family>.py): model types ->
+# (config key, applied to, how). Config keys alone do not say it: granite divides the
+# logits by ``logits_scaling``, hyperclovax multiplies them, MPT's ``logit_scale`` is unused.
+_SCALES = (
+    ({"cohere", "cohere2", "cohere2_moe", "cohere_compass", "cohere_compass_text"},
+     "logit_scale", "logits", "mul"),
+    ({"granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoehybrid",
+      "granitemoeshared", "granite4_vision", "granite4_vision_text", "granite_docling",
+      "granite_docling_text"}, "logits_scaling", "logits", "div"),
+    ({"hyperclovax", "hyperclovax_vision_v2"}, "logits_scaling", "logits", "mul"),
+    ({"falcon_h1"}, "lm_head_multiplier", "logits", "mul"),
+    ({"muse_glimmer", "muse_spark"}, "output_multiplier", "logits", "mul"),  # then soft cap
+    ({"minicpm3"}, "logits_scaling", "hidden", "div"),
+    ({"inkling_text", "inkling_mm_model"}, "logits_mup_width_multiplier", "hidden", "div"),
+)
+# Soft caps ``cap * tanh(logits / cap)``: Gemma 2/3/3n/4, VaultGemma, NanoChat, ... ;
+# RecurrentGemma; xLSTM.
+_SOFTCAPS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+
+
+def lm_head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """Logits from the decoder's last hidden states ``hidden`` (..., H), as the model's
+    own forward computes them: the LM head (the module that holds the output embeddings,
+    tied or not, with any transform around them), then the family's logit scaling and
+    final soft cap. -> (..., V); scaling and soft cap in fp32 (log-probs are taken in
+    fp32 anyway)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = base.config
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    types = {getattr(cfg, "model_type", None) or "", getattr(text, "model_type", None) or ""}
+    steps = []
+    for family, key, where, how in _SCALES:
+        value = _setting(key, text, cfg)
+        if value is not None and types & family:
+            steps.append((where, how, float(value)))
+            break
+    for where, how, value in steps:
+        if where == "hidden":
+            hidden = hidden / value
+    logits = _head(base)(hidden)
+    if isinstance(logits, tuple):  # a head module that returns more than the logits
+        logits = logits[0]
+    logits = logits.float()
+    for where, how, value in steps:
+        if where == "logits":
+            logits = logits * value if how == "mul" else logits / value
+    for key in _SOFTCAPS:
+        cap = _setting(key, text, cfg)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+            break
+    unpadded = _setting("unpadded_vocab_size", text, cfg)
+    if isinstance(unpadded, int) and 0 < unpadded < logits.shape[-1]:
+        logits = logits[..., :unpadded]
+    return logits
+
+
+def _setting(key: str, *configs):
+    for c in configs:
+        value = getattr(c, key, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _head(model):
+    """The module that maps hidden states to logits: the child of ``model`` that holds its
+    output embeddings (``lm_head``, GPT-NeoX's ``embed_out``; BERT-style heads with their
+    transform), or the input embeddings' weight where there is none (tied)."""
+    out = model.get_output_embeddings()
+    if out is None:
+        weight = model.get_input_embeddings().weight
+        return lambda h: torch.nn.functional.linear(h, weight)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for _, child in model.named_children():
+        if child is decoder:
+            continue
+        if child is out or any(m is out for m in child.modules()):
+            return child
+    return out

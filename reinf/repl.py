@@ -10,7 +10,10 @@ Ctrl-C or Ctrl-D at a prompt leaves.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from typing import Callable, Iterator, Protocol, TextIO
 
 from reinf.errors import BadInput, ReinfError
@@ -132,19 +135,30 @@ class Repl:
                     return 0
                 continue
             turn = self.chat(line[1:] if line.startswith("//") else line)
-            if turn is not None and self.ask_rating(turn) is self.QUIT:
+            # a reply stopped before its first token has nothing to rate
+            unseen = turn is not None and turn.get("interrupted") and not turn.get("reply")
+            if turn is not None and not unseen and self.ask_rating(turn) is self.QUIT:
                 return 0
 
     def chat(self, message: str) -> dict | None:
-        """Send one message, stream the reply; Ctrl-C stops it. Returns the stored turn."""
+        """Send one message, stream the reply; Ctrl-C at any point of it (before or after
+        the first token) stops only the reply. Returns the stored turn."""
         try:
-            handle = self.backend.send_stream(message, self.conversation_id)
+            # Building the prompt or waiting for the server can take a moment; a Ctrl-C
+            # then is held until the reply exists and stops it, as one after a token does.
+            with held_interrupt() as pressed:
+                handle = self.backend.send_stream(message, self.conversation_id)
+        except KeyboardInterrupt:  # pressed twice while it was starting
+            self.say("\n[stopped before the reply started]")
+            return None
         except ReinfError as exc:
             self.say(f"error: {exc}")
             return None
-        self.conversation_id = handle.conversation_id
-        self.say(BOT_PREFIX, end="")
         try:
+            self.conversation_id = handle.conversation_id
+            self.say(BOT_PREFIX, end="")
+            if pressed:  # while it was starting: what it still sends is shown, then it ends
+                handle.stop()
             for delta in handle:
                 self.say(printable(delta), end="")
         except KeyboardInterrupt:
@@ -153,14 +167,15 @@ class Repl:
             self.say(f"\nerror: {exc}")
             return None
         try:
-            turn = handle.result()
+            turn = finish(handle)
         except ReinfError as exc:
             self.say(f"\nerror: {exc}")
             return None
         self.say()
         if turn.get("interrupted"):
-            self.say(f"[stopped after {turn['reply_tokens']} tokens; kept as turn "
-                     f"{turn['turn_id']}, marked interrupted]")
+            done = (f"after {turn['reply_tokens']} tokens" if turn.get("reply_tokens")
+                    else "before the first token")
+            self.say(f"[stopped {done}; kept as turn {turn['turn_id']}, marked interrupted]")
         self.last_turn = turn
         return turn
 
@@ -254,6 +269,40 @@ class Repl:
             self.say(f"#{t['turn_id']} {mark}{stopped}")
             self.say(f"  you: {_clip(t['user_message'])}")
             self.say(f"  bot: {_clip(t['reply'])}")
+
+
+@contextlib.contextmanager
+def held_interrupt() -> Iterator[list[bool]]:
+    """Hold a Ctrl-C pressed inside the block: the yielded list gets an item, and the
+    caller acts on it once the block is done. A second Ctrl-C raises KeyboardInterrupt at
+    once, so a block that hangs can still be left. Outside the main thread (where signal
+    handlers cannot be set) nothing is held."""
+    pressed: list[bool] = []
+
+    def hold(signum, frame) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, None) or \
+            threading.current_thread() is not threading.main_thread():
+        yield pressed  # Ctrl-C is off, or not this thread's to handle
+        return
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def finish(handle: ReplyHandle) -> dict:
+    """The stored turn of a reply; a Ctrl-C while waiting for it only stops it again."""
+    while True:
+        try:
+            return handle.result()
+        except KeyboardInterrupt:
+            handle.stop()
 
 
 def printable(text: str) -> str:

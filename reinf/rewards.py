@@ -106,7 +106,8 @@ def _tag_key(tag: str) -> str:
 
 def build_metadata(sample: Sample, now: datetime, *,
                    settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What the mapper and critics see about one rated turn (JSON-ready; see docs/rewards.md)."""
+    """What the mapper and critics see about one rated turn (JSON-ready; the README's
+    "The contract" lists it)."""
     rated_at = _aware(sample.rated_at)
     age = max(0.0, (_aware(now) - rated_at).total_seconds())
     return {

@@ -4,6 +4,8 @@ Each part of Reinf contributes what it knows; nothing here loads a model.
 """
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +47,80 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "warnings": warnings,
     }
     warnings.extend((schedule or {}).get("warnings") or [])
+    if engine is None:  # what a model load would use here, without loading one
+        out["model"]["device_in_use"] = planned_device(config.model.device)
     if engine is not None:
         out["model"].update(engine.describe())
         warnings.extend(engine.warnings)
-    elif config.model.quantization != "none":
+    elif local and (lora := _lora_warning(config.lora.target_modules, Path(model_path))):
+        warnings.append(lora)
+    if engine is None and config.model.quantization != "none":
         import torch
         if not torch.cuda.is_available():
             warnings.append(f"quantization {config.model.quantization} needs CUDA; "
                             "the model loads unquantized on this machine")
     if out["reward_hook"].get("error"):
         hook = out["reward_hook"]
-        warnings.append(f"{hook['error']} — {hook.get('fix') or 'fix the hook'}"
-                        " (training is paused until it works)")
+        fix = hook.get("fix") or "fix the hook"
+        # most fix texts say so already (hooks.FIX): say it once
+        paused = "" if "training is paused" in fix else " (training is paused until it works)"
+        warnings.append(f"{hook['error']} — {fix}{paused}")
     return out
+
+
+def planned_device(setting: str) -> str:
+    """The device a model load picks for the ``device`` setting (reinf.modeling.plan_load):
+    auto is cuda where torch sees a GPU, else mps where Apple's Metal is there, else cpu."""
+    if setting != "auto":
+        return setting
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    return "mps" if mps is not None and mps.is_available() else "cpu"
+
+
+def _lora_warning(setting, model_dir: Path) -> str | None:
+    """``lora.target_modules`` against the layers named in the model's safetensors headers
+    (no model load). Where the engine is at hand (GET /api/status), its own check on the
+    loaded model is reported instead."""
+    layers = _weight_layers(model_dir)
+    if not layers or setting == "all-linear":
+        return None
+    if setting == "auto":
+        if any(re.search(r"attn|attention", part, re.I) for name in layers
+               for part in name.split(".")[:-1]):
+            return None
+        problem = "auto may find no attention projections in"
+    elif any(name == t or name.endswith("." + t) for name in layers for t in setting):
+        return None
+    else:
+        problem = f"{list(setting)} matches no layer of"
+    names = sorted({name.rsplit(".", 1)[-1] for name, dims in layers.items() if dims == 2}
+                   - {"wte", "wpe"})
+    names = [n for n in names if "emb" not in n]
+    return (f"lora.target_modules {problem} {model_dir.name}; its Linear layers are named "
+            f"{', '.join(names) or '(none)'} — set lora.target_modules to "
+            f"{'' if setting == 'auto' else 'auto, '}all-linear, or some of those names "
+            "(training stops until it is fixed)")
+
+
+def _weight_layers(model_dir: Path) -> dict[str, int]:
+    """Module name -> number of dimensions of its ``weight``, read from the headers of the
+    directory's safetensors files ({} when there are none or they cannot be read)."""
+    layers: dict[str, int] = {}
+    for file in sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else ():
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size)) if 0 < size < 100_000_000 else {}
+        except (OSError, ValueError):
+            return {}
+        for key, meta in header.items():
+            if key.endswith(".weight") and isinstance(meta, dict):
+                layers[key[:-len(".weight")]] = len(meta.get("shape") or ())
+    return layers
 
 
 def _training_status(config: Config, store) -> dict:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Iterator, Sequence
 
 from sqlalchemy import Text, cast, delete, func, select, text, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, selectinload
 
 from reinf import db
@@ -43,6 +43,24 @@ def check_score(score: Any) -> int:
     return score
 
 
+def check_text(value: str, name: str) -> str:
+    """Text the DB can hold: UTF-8 encodable. A lone surrogate ("\\ud800", which JSON and
+    surrogate-escaped argv can carry) would fail or, inside a JSON column, be stored and
+    break every later read."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadInput(f"{name} holds a character that is not valid Unicode text (a lone "
+                       f"surrogate, {value[exc.start]!r}, at position {exc.start})",
+                       fix="send UTF-8 text; remove or replace that character") from None
+    return value
+
+
+def title_of(message: str) -> str:
+    """A conversation's title, derived from its first message."""
+    return " ".join(message.split())[:60]
+
+
 def check_tags(tags: Any) -> list[str]:
     if tags is None:
         return []
@@ -53,6 +71,7 @@ def check_tags(tags: Any) -> list[str]:
     out: list[str] = []
     for tag in (t.strip() for t in tags):
         if tag and tag not in out:
+            check_text(tag, "a tag")
             if len(tag) > MAX_TAG_CHARS:
                 raise BadInput(f"tag {tag[:20]!r}… is longer than {MAX_TAG_CHARS} characters")
             out.append(tag)
@@ -67,7 +86,11 @@ class Store:
         self.engine = db.create_db_engine(url, busy_timeout_ms)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
         if migrate:
-            db.upgrade(self.engine)
+            try:
+                db.upgrade(self.engine)
+            except BaseException:
+                self.engine.dispose()  # a failed start-up leaves no connection open
+                raise
 
     @classmethod
     def open(cls, config, *, migrate: bool = True) -> "Store":
@@ -87,10 +110,16 @@ class Store:
         except OperationalError as exc:
             raise StoreError(f"database error: {exc.orig}",
                              fix="check the disk and that no other program holds the DB") from exc
+        except DataError as exc:  # PostgreSQL: a NUL in text, an over-long VARCHAR
+            raise BadInput(f"the database cannot store that value: "
+                           f"{str(exc.orig).splitlines()[0]}",
+                           fix="remove NUL (\\u0000) characters and shorten the value") from None
 
     # --- conversations ----------------------------------------------------------------
 
     def create_conversation(self, title: str = "", user_id: str = "local") -> ConversationRecord:
+        check_text(title, "the title")
+        check_text(user_id or "", "the user id")
         with self._session(write=True) as s:
             conv = Conversation(title=title[:200], user_id=user_id or "local")
             s.add(conv)
@@ -133,8 +162,12 @@ class Store:
             raise BadInput(f"{len(logprobs)} log-probs for {len(reply_ids)} reply tokens")
         if not all(math.isfinite(x) for x in logprobs):
             raise BadInput("behaviour log-probs must be finite")
+        check_text(user_message, "the message")
+        check_text(reply, "the reply")
         with self._session(write=True) as s:
-            conv = s.get(Conversation, conversation_id)
+            # FOR UPDATE: on PostgreSQL two appends would both read the same max(index)
+            # (SQLite's BEGIN IMMEDIATE already queues them; it ignores FOR UPDATE).
+            conv = s.get(Conversation, conversation_id, with_for_update=True)
             if conv is None:
                 raise NotFound(f"no conversation {conversation_id}")
             index = (s.scalar(select(func.max(Turn.index))
@@ -148,7 +181,7 @@ class Store:
             s.add(turn)
             conv.updated_at = utcnow()
             if not conv.title:
-                conv.title = " ".join(user_message.split())[:60]
+                conv.title = title_of(user_message)
             s.flush()
             return _turn(turn, conv.user_id)
 
@@ -175,10 +208,11 @@ class Store:
         comment = comment or ""
         if not isinstance(comment, str) or len(comment) > MAX_COMMENT_CHARS:
             raise BadInput(f"comment must be text of at most {MAX_COMMENT_CHARS} characters")
+        check_text(comment, "the comment")
         if not isinstance(critical, bool):
             raise BadInput(f"critical must be true or false, got {critical!r}")
         with self._session(write=True) as s:
-            if s.get(Turn, turn_id) is None:
+            if s.get(Turn, turn_id, with_for_update=True) is None:  # one rating per turn
                 raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
             rating = s.scalar(select(Rating).where(Rating.turn_id == turn_id))
             now = utcnow()
@@ -287,7 +321,8 @@ class Store:
 
     def forget_turn(self, turn_id: int) -> dict[str, int]:
         """Delete a turn and its rating. Later turns of its conversation carried its text in
-        their prompt tokens, so those tokens are erased and the turns never trained on."""
+        their prompt tokens, so those tokens are erased and the turns never trained on. A
+        title taken from its message is taken again from the first turn left, or blanked."""
         with self._session(write=True) as s:
             turn = s.get(Turn, turn_id)
             if turn is None:
@@ -296,7 +331,14 @@ class Store:
                                                  Turn.index > turn.index)
                               .values(context_forgotten=True, prompt_ids=None)).rowcount
             ratings = 1 if turn.rating else 0
+            conv = s.get(Conversation, turn.conversation_id)
+            titled_by_it = conv.title == title_of(turn.user_message)
             s.delete(turn)
+            if titled_by_it:
+                s.flush()
+                first = s.scalar(select(Turn.user_message).order_by(Turn.index).limit(1)
+                                 .where(Turn.conversation_id == conv.id))
+                conv.title = title_of(first) if first is not None else ""
         self._scrub()
         return {"turns": 1, "ratings": ratings, "later_turns_untrainable": later}
 
@@ -425,7 +467,11 @@ class Store:
                       .values(status=status))
 
     def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` ("ok" when sound). Other servers check their
+        own pages; there it is "ok" once a query answers."""
         with self.engine.connect() as conn:
+            if self.engine.dialect.name != "sqlite":
+                return "ok" if conn.execute(text("SELECT 1")).scalar() == 1 else "no answer"
             return conn.execute(text("PRAGMA integrity_check")).scalar()
 
 

@@ -77,3 +77,19 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     env.update(REINF_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PYTHONUNBUFFERED="1", **extra)
     return env
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One throwaway PostgreSQL server for the session (tests/pg.py). Skips, saying why,
+    when PostgreSQL or psycopg is not installed; REINF_TEST_PG=require (CI) fails instead."""
+    import pg
+
+    reason = pg.missing_reason()
+    if reason:
+        if os.environ.get("REINF_TEST_PG") == "require":
+            pytest.fail(f"REINF_TEST_PG=require, but {reason}")
+        pytest.skip(reason)
+    server = pg.PgServer(pg.find_pg_bin()).start()
+    yield server
+    server.stop()

@@ -46,6 +46,16 @@ def build_tiny_tokenizer(vocab_size: int = 400, max_positions: int = 256):
     It is trained with the same normalizer and pre-tokenizer that Qwen2Tokenizer rebuilds
     on load, so it encodes identically after a save/load round trip.
     """
+    return build_chat_tokenizer(CHAT_TEMPLATE, [PAD, BOS, EOS], eos=EOS, pad=PAD,
+                                vocab_size=vocab_size, max_positions=max_positions)
+
+
+def build_chat_tokenizer(chat_template: str, specials: list[str], *, eos: str, pad: str,
+                         bos: str | None = None, vocab_size: int = 400,
+                         max_positions: int = 256):
+    """The tiny byte-level BPE with any family's special tokens (ids 0, 1, ... in the order
+    of ``specials``) and chat template, as a ``Qwen2Tokenizer``: what matters to Reinf is
+    the template and the token ids, not the tokenizer class."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -56,15 +66,32 @@ def build_tiny_tokenizer(vocab_size: int = 400, max_positions: int = 256):
         pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
                                   show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator([_TEXT] * 4, trainer)
     trained = json.loads(bpe.to_str())["model"]
+    extra = [t for t in specials if t not in (eos, pad)]
     return Qwen2Tokenizer(vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]],
-                          eos_token=EOS, pad_token=PAD, unk_token=None, bos_token=None,
-                          extra_special_tokens=[BOS], chat_template=CHAT_TEMPLATE,
+                          eos_token=eos, pad_token=pad, unk_token=None, bos_token=bos,
+                          extra_special_tokens=extra, chat_template=chat_template,
                           model_max_length=max_positions)
+
+
+def save_causal_lm(path, model_class, config, tokenizer, *, eos_ids, seed: int = 0) -> Path:
+    """Save a random-init ``model_class(config)`` with ``tokenizer`` and a generation
+    config whose ``eos_token_id`` is ``eos_ids`` (a list, as Llama-3's) to ``path``."""
+    from transformers import GenerationConfig
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(seed)
+    model = model_class(config)
+    model.generation_config = GenerationConfig(eos_token_id=list(eos_ids),
+                                               pad_token_id=config.pad_token_id)
+    model.save_pretrained(path)
+    return path
 
 
 def make_tiny_model(path, *, seed: int = 0, vocab_source=None, max_positions: int = 256,

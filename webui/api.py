@@ -42,7 +42,8 @@ def parse_turn_ref(ref: str) -> int:
         return turn_id
     digits = ref.removeprefix("chatcmpl-")
     if not digits.isdigit() or not digits.isascii() or len(digits) > 18 or int(digits) < 1:
-        raise BadInput(f"turn id must be a positive number (or chatcmpl-<number>), got {ref!r}")
+        raise BadInput("turn id must be a positive number (or chatcmpl-<number>), got "
+                       f"{ref[:40]!r}{'...' if len(ref) > 40 else ''}")
     return int(digits)
 
 

@@ -28,9 +28,16 @@ def is_api_path(path: str) -> bool:
     return path.startswith(("/api/", "/v1/")) or path in ("/api", "/v1")
 
 
+def printable(text: str | None) -> str | None:
+    """``text`` with anything UTF-8 cannot carry (a lone surrogate echoed from a request)
+    written as an escape, so an error about bad text can itself be sent."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if text else text
+
+
 def render_error(status: int, message: str, *, fix: str | None = None, key: str | None = None,
                  headers: dict | None = None):
     """The response for an error, as JSON or HTML depending on where it happened."""
+    message, fix, key = printable(message), printable(fix), printable(key)
     path = request.path
     if path.startswith("/v1/") or path == "/v1":
         body = {"message": message, "type": OPENAI_TYPES.get(status, "server_error"

@@ -96,6 +96,9 @@ def split_messages(messages: Any) -> tuple[list[tuple[str, str]], str]:
     for i, message in enumerate(messages):
         text = message_text(message, i)
         role = message.get("role")
+        if not isinstance(role, str):
+            raise BadInput(f"messages[{i}].role must be a string: user, assistant or system",
+                           key="messages")
         if role in IGNORED_ROLES:
             continue
         if role == "user":
@@ -113,11 +116,12 @@ def split_messages(messages: Any) -> tuple[list[tuple[str, str]], str]:
 
 
 def resolve_conversation(store, pairs: list[tuple[str, str]], user: str | None,
-                         explicit: int | None) -> int:
-    """The conversation a completion belongs to (see the module docstring)."""
+                         explicit: int | None) -> tuple[int, bool]:
+    """The conversation a completion belongs to (see the module docstring), and whether it
+    was created for this request."""
     if explicit is not None:
         store.get_conversation(explicit)
-        return explicit
+        return explicit, False
     if pairs:
         last_user, last_reply = pairs[-1]
         seen: set[int] = set()
@@ -129,12 +133,12 @@ def resolve_conversation(store, pairs: list[tuple[str, str]], user: str | None,
             turns = store.conversation_turns(cid)
             if [(t.user_message, t.reply) for t in turns] == pairs and \
                     (user is None or turns[0].user_id == user):
-                return cid
+                return cid, False
     conversation = store.create_conversation(user_id=user or "local")
     for user_text, reply in pairs:
         store.append_turn(conversation.id, user_text, reply, model="client-history",
                           gen_params={"imported": True})
-    return conversation.id
+    return conversation.id, True
 
 
 def generation_from(body: dict, config) -> dict[str, Any]:
@@ -187,10 +191,18 @@ def completions():
                       request.headers.get("X-Reinf-Conversation"), "conversation_id")
     gen = generation_from(body, config)
     service = runtime.require_chat()
-    conversation_id = resolve_conversation(runtime.store, pairs, user or None, explicit)
+    conversation_id, new = resolve_conversation(runtime.store, pairs, user or None, explicit)
     created, name = int(time.time()), runtime.model_name
+    try:
+        if stream:
+            reply = service.stream(message, conversation_id=conversation_id, **gen)
+        else:
+            turn = service.send(message, conversation_id=conversation_id, **gen)
+    except Exception:
+        if new:  # refused before a reply was stored: leave no conversation half-made
+            runtime.store.forget_conversation(conversation_id)
+        raise
     if not stream:
-        turn = service.send(message, conversation_id=conversation_id, **gen)
         return jsonify({
             "id": f"chatcmpl-{turn.id}", "object": "chat.completion", "created": created,
             "model": name, "system_fingerprint": turn.checkpoint_id or "base",
@@ -199,7 +211,6 @@ def completions():
             "usage": usage(turn), "turn_id": turn.id, "conversation_id": turn.conversation_id})
     include_usage = isinstance(body.get("stream_options"), dict) and \
         bool(body["stream_options"].get("include_usage"))
-    reply = service.stream(message, conversation_id=conversation_id, **gen)
     stream_id = runtime.streams.add(reply)
     provisional = f"chatcmpl-stream-{stream_id}"
 

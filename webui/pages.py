@@ -4,6 +4,8 @@ textContent, never as HTML."""
 from __future__ import annotations
 
 import hmac
+import unicodedata
+from urllib.parse import unquote, urlsplit
 
 from flask import Blueprint, make_response, redirect, render_template, request
 
@@ -34,8 +36,25 @@ def favicon():
 
 
 def safe_next(target: str | None) -> str:
-    """Only same-site paths: never redirect a person to another site after login."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+    """Only same-site paths: never redirect a person to another site after login.
+
+    Browsers drop tabs and newlines from URLs and read ``\\`` as ``/``, so ``/%09/evil``
+    is ``//evil``: another site. The target is checked percent-decoded (until it stops
+    changing) and with whitespace and control characters removed; anything that then
+    starts with ``//`` or holds ``\\``, a scheme (``x://``, ``javascript:``) or a control
+    character (CR/LF would split the header) gives ``/``."""
+    if not target or len(target) > 2000 or not target.startswith("/"):
+        return "/"
+    decoded = target
+    for _ in range(5):
+        decoded, before = unquote(decoded), decoded
+        if decoded == before:
+            break
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in decoded):
+        return "/"
+    bare = "".join(c for c in decoded if not c.isspace())
+    if not bare.startswith("/") or bare.startswith("//") or "\\" in bare or "://" in bare \
+            or urlsplit(bare).scheme or urlsplit(bare).netloc:
         return "/"
     return target
 

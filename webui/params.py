@@ -12,6 +12,59 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from reinf.errors import BadInput, ReinfError
 
+MAX_NUMBER_DIGITS = 100  # no field takes more; Python's int() refuses past 4,300 digits
+
+
+class LongNumber:
+    """A JSON integer literal too long for any field, kept so the check can name its field."""
+
+    def __init__(self, literal: str):
+        self.digits = len(literal.lstrip("-"))
+
+
+def parse_int(literal: str) -> int | LongNumber:
+    return int(literal) if len(literal) <= MAX_NUMBER_DIGITS else LongNumber(literal)
+
+
+def refuse_constant(name: str):
+    raise BadInput(f"the request body is not valid JSON: {name} is not a JSON number",
+                   fix="send numbers as plain decimals")
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` can be stored and sent back: UTF-8 encodable (no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_values(body: dict[str, Any]) -> None:
+    """Every string (field names too) is valid Unicode text and every number a sane size,
+    checked once here for every route, so nothing downstream half-stores a request."""
+    stack: list[tuple[Any, str, str | None]] = [(body, "", None)]  # value, path, top field
+    while stack:
+        value, where, field = stack.pop()
+        if isinstance(value, dict):
+            for name in value:
+                if not is_text(name):
+                    raise BadInput(f"a field name{' in ' + repr(where) if where else ''} is not "
+                                   "valid Unicode text (it holds a lone surrogate)", key=field,
+                                   fix="send UTF-8 text")
+            stack += [(v, f"{where}.{k}" if where else k, field or k)
+                      for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(v, f"{where}[{i}]", field) for i, v in reversed(list(enumerate(value)))]
+        elif isinstance(value, str) and not is_text(value):
+            bad = next(i for i, c in enumerate(value) if not is_text(c))
+            raise BadInput(f"'{where}' is not valid Unicode text: it holds a lone surrogate "
+                           f"({value[bad]!r}) at character {bad}", key=field,
+                           fix="send UTF-8 text; remove or replace that character")
+        elif isinstance(value, LongNumber):
+            raise BadInput(f"'{where}' is a number with {value.digits} digits; no field takes "
+                           f"more than {MAX_NUMBER_DIGITS}", key=field)
+
 
 def read_body() -> bytes:
     """The raw body, refusing one over MAX_CONTENT_LENGTH with 413.
@@ -37,7 +90,7 @@ def read_json(allowed: Iterable[str] | None = None, *, required: Iterable[str] =
         raise BadInput("the request body is empty; expected a JSON object",
                        fix='e.g. {"message": "hello"}')
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_int=parse_int, parse_constant=refuse_constant)
     except UnicodeDecodeError:
         raise BadInput("the request body is not UTF-8 text") from None
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -45,8 +98,10 @@ def read_json(allowed: Iterable[str] | None = None, *, required: Iterable[str] =
         raise BadInput(f"the request body is not valid JSON: {detail}",
                        fix="send a JSON object with Content-Type: application/json") from None
     if not isinstance(body, dict):
-        raise BadInput(f"the request body must be a JSON object, got {type(body).__name__}",
+        kind = "int" if isinstance(body, LongNumber) else type(body).__name__
+        raise BadInput(f"the request body must be a JSON object, got {kind}",
                        fix='e.g. {"message": "hello"}')
+    check_values(body)
     if allowed is not None:
         unknown = sorted(set(body) - set(allowed))
         if unknown:
@@ -98,12 +153,16 @@ def get_id(value: Any, name: str, *, required: bool = False) -> int | None:
         if required:
             raise BadInput(f"missing field '{name}'", key=name)
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() \
+            and len(value.strip()) <= 19:  # "²" is a digit to isdigit(), not to int()
         value = int(value.strip())
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
-        raise BadInput(f"'{name}' must be a positive whole number, got {value!r}", key=name)
+        shown = "a huge number" if isinstance(value, int) and value.bit_length() > 200 \
+            else repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise BadInput(f"'{name}' must be a positive whole number, got {shown}", key=name)
     return value
 
 

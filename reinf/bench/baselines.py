@@ -161,6 +161,7 @@ def load_trainable(config, store):
     a fresh adapter seeded exactly as a first PPO round seeds its own."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    from reinf.lora import fan_in_fan_out, lora_targets
     from reinf.training.session import load_base, prepare_for_training, resolve_train_device
 
     loaded = load_base(config, resolve_train_device(config)[0])
@@ -170,9 +171,11 @@ def load_trainable(config, store):
         if active is not None:
             model = PeftModel.from_pretrained(model, active.path, is_trainable=True)
         else:
+            targets = lora_targets(model, config.lora.target_modules)
             lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
                               lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
-                              target_modules=list(config.lora.target_modules))
+                              target_modules=targets,
+                              fan_in_fan_out=fan_in_fan_out(model, targets))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.ppo.seed)
                 model = get_peft_model(model, lora)

@@ -41,6 +41,7 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
     """
     from peft import LoraConfig, get_peft_model
 
+    from reinf.lora import fan_in_fan_out, lora_targets
     from reinf.modeling import quiet_peft
     from reinf.training.session import load_base, prepare_for_training, resolve_train_device
 
@@ -48,9 +49,10 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
         loaded = load_base(config, resolve_train_device(config)[0])
     device = torch.device(loaded.device)
     model = prepare_for_training(loaded, config.ppo.gradient_checkpointing)
+    targets = lora_targets(model, config.lora.target_modules)
     lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
-                      lora_dropout=config.lora.dropout,
-                      target_modules=list(config.lora.target_modules), task_type="CAUSAL_LM")
+                      lora_dropout=config.lora.dropout, target_modules=targets,
+                      fan_in_fan_out=fan_in_fan_out(model, targets), task_type="CAUSAL_LM")
     torch.manual_seed(seed)
     with quiet_peft():
         peft_model = get_peft_model(model, lora)

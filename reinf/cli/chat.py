@@ -77,25 +77,34 @@ def local_backend(app, *, quiet: bool = False):
     return LocalBackend(ChatService(engine, store, app.config), store)
 
 
-def send_once(backend, message: str, conversation_id: int | None, as_json: bool) -> int:
-    """Send one message; print the reply (streamed) or its JSON. Ctrl-C stops the reply,
-    which is still stored and printed (exit status 130)."""
-    from reinf.repl import printable
+# The documented shape of a turn (README "JSON output"), as `history --json` prints it.
+TURN_FIELDS = ("turn_id", "conversation_id", "index", "created_at", "user_message", "reply",
+               "checkpoint_id", "model", "reply_tokens", "ttft_ms", "latency_ms",
+               "interrupted", "rating")
 
-    handle = backend.send_stream(message, conversation_id)
-    interrupted_by_key = False
+
+def send_once(backend, message: str, conversation_id: int | None, as_json: bool) -> int:
+    """Send one message; print the reply (streamed) or its turn as JSON. Ctrl-C at any point
+    stops the reply, which is still stored and printed (exit status 130)."""
+    from reinf.repl import finish, held_interrupt, printable
+
+    with held_interrupt() as pressed:  # a Ctrl-C while it starts stops the reply, once it exists
+        handle = backend.send_stream(message, conversation_id)
+    interrupted_by_key = bool(pressed)
     try:
+        if pressed:
+            handle.stop()
         for delta in handle:
             if not as_json:
                 click.echo(printable(delta), nl=False)
     except KeyboardInterrupt:
         handle.stop()
         interrupted_by_key = True
-    turn = handle.result()
+    turn = finish(handle)
     if as_json:
-        keys = ("turn_id", "conversation_id", "reply", "checkpoint_id", "interrupted",
-                "ttft_ms", "latency_ms", "reply_tokens")
-        click.echo(json.dumps({k: turn[k] for k in keys}, indent=2, ensure_ascii=False))
+        turn.setdefault("user_message", message)
+        click.echo(json.dumps({k: turn.get(k) for k in TURN_FIELDS}, indent=2,
+                              ensure_ascii=False))
     else:
         click.echo()
     return 130 if interrupted_by_key else 0

@@ -78,6 +78,8 @@ def _print_status(d):
         f"model:              {m['model_path']} -> {m['resolved']}"
         + ("" if m["found_locally"] else " (not found locally)"),
         f"device:             {m.get('device_in_use', m['device'])}"
+        + (" (auto)" if m["device"] == "auto" and m.get("device_in_use") not in (None, "auto")
+           else "")
         + (f", quantization {m['quantization']}" if m["quantization"] != "none" else ""),
         f"active checkpoint:  {d['active_checkpoint']}",
         f"turns / ratings:    {d['counts']['turns']} / {d['counts']['ratings']}",

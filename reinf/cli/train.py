@@ -80,9 +80,15 @@ def train_here(app, *, force: bool, progress: bool):
         pid = read_info(train_lock_path(config)).get("pid", "?")
         raise Conflict(f"another training round is running (pid {pid})",
                        fix="wait for it to finish; `reinf status` shows the last run")
-    apply_process_settings(config)
     bar = ProgressBar(enabled=progress)
     try:
+        if not force and store.ratings_waiting() == 0:
+            # With nothing new the round would stop before it reaches the hook; a broken
+            # hook is the thing to fix, so it is what this says (exit 5), as with new ratings.
+            broken = hook_problem(config, store)
+            if broken is not None:
+                return EXIT_HOOK, hook_payload(broken), broken
+        apply_process_settings(config)
         return run_once(config, store, trigger="manual", force=force, progress=bar)
     finally:
         bar.close()
@@ -104,6 +110,11 @@ def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
                        fix="run `reinf train` again")
     if not answer.get("started"):
         reason = answer.get("reason") or answer.get("error") or "training did not start"
+        if answer.get("ratings_waiting") == 0 and not force:
+            broken = hook_problem(config)  # the same file and settings as the server's
+            if broken is not None:
+                return EXIT_HOOK, {**hook_payload(broken), "daemon": build_payload(
+                    {}, daemon)["daemon"]}, broken
         if answer.get("ratings_waiting") == 0:
             error = NothingToTrain(reason, fix="rate some replies first, or pass --force to "
                                                "train on the stored ratings again")
@@ -120,6 +131,26 @@ def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
         return EXIT_CODES[status], payload, None
     code = EXIT_CODES.get(payload["error"] or "error", EXIT_FAILED)
     return code, payload, ReinfError(payload["message"])
+
+
+def hook_problem(config, store=None):
+    """The broken reward hook, worded as a round reports it, or None when it works."""
+    from reinf.errors import HookError
+    from reinf.rewards import check_hook
+
+    try:
+        check_hook(config, store)
+    except HookError as exc:
+        broken = HookError(f"reward hook broken: {exc.message}", fix=exc.fix, key=exc.key)
+        broken.path, broken.line = getattr(exc, "path", None), getattr(exc, "line", None)
+        return broken
+    return None
+
+
+def hook_payload(error) -> dict:
+    """The --json shape of a round that the broken hook stopped (as run_once gives it)."""
+    return {"run_id": None, "status": "failed", "checkpoint_id": None, "metrics": {},
+            "message": str(error), "error": "hook"}
 
 
 def build_payload(result: dict, daemon: dict) -> dict:

@@ -3,7 +3,9 @@
 A checkpoint lives in ``<data_dir>/checkpoints/<id>/`` and holds:
 
 - ``adapter_config.json`` + ``adapter_model.safetensors``: the PEFT adapter, loadable with
-  ``PeftModel.from_pretrained(base, path)``;
+  ``PeftModel.from_pretrained(base, path)``; its ``base_model_name_or_path`` is the
+  ``model_path`` setting as written (``reinf-demo``, a hub id), not this machine's path, so
+  a checkpoint can be moved and shared (Reinf loads it onto a base it has already loaded);
 - ``value_head.safetensors``: the PPO value head;
 - ``rating_model.safetensors``: the round's rating model (``reinf.training.rating_model``),
   when the round fitted one; optional, since each round fits it afresh from the ratings;
@@ -61,11 +63,14 @@ def is_complete(path: Path) -> bool:
 
 def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
                      state: dict[str, Any], metrics: dict[str, Any],
-                     rating_model: dict[str, Any] | None = None) -> Path:
+                     rating_model: dict[str, Any] | None = None,
+                     base_model_name: str | None = None) -> Path:
     """Write a checkpoint atomically and return its final path.
 
     ``model`` is the PEFT model (``save_pretrained`` writes only the adapter);
-    ``rating_model`` the rating model's tensors (``RatingModel.state_dict()``), if any.
+    ``rating_model`` the rating model's tensors (``RatingModel.state_dict()``), if any;
+    ``base_model_name`` the base model as the adapter config records it (default: the
+    path it was loaded from).
     """
     import torch
     from safetensors.torch import save_file
@@ -78,7 +83,10 @@ def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
     tmp = root / f"{TMP_PREFIX}{checkpoint_id}-{os.getpid()}-{secrets.token_hex(3)}"
     tmp.mkdir()
     try:
+        _point_at_loaded_base(model)
         model.save_pretrained(str(tmp))
+        if base_model_name:
+            record_base_model(tmp, base_model_name)
         save_file({k: v.detach().float().cpu().contiguous()
                    for k, v in value_head.state_dict().items()}, str(tmp / VALUE_HEAD))
         torch.save(state, tmp / TRAINER_STATE)
@@ -95,6 +103,25 @@ def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
         raise
     _fsync_dir(root)
     return final
+
+
+def _point_at_loaded_base(model) -> None:
+    """Saving, PEFT reads the recorded base's config.json (from the Hub if it is no local
+    directory). A round resumed from a checkpoint carries that checkpoint's recorded name
+    (``reinf-demo``): point it at the base actually loaded, so nothing is looked up."""
+    get_base = getattr(model, "get_base_model", None)
+    loaded = getattr(get_base(), "name_or_path", None) if get_base else None
+    if loaded:
+        for peft_config in getattr(model, "peft_config", {}).values():
+            peft_config.base_model_name_or_path = loaded
+
+
+def record_base_model(directory: Path, name: str) -> None:
+    """Set ``base_model_name_or_path`` in the adapter config(s) saved under ``directory``."""
+    for path in sorted(Path(directory).rglob("adapter_config.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["base_model_name_or_path"] = name
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def publish(tmp: Path, final: Path) -> None:

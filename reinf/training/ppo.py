@@ -167,7 +167,9 @@ class Policy:
                                         use_cache=False).last_hidden_state  # (B, L, H)
             # Only the reply positions go through the LM head: (B, T, V) instead of (B, L, V).
             h = hidden.gather(1, mb.positions[..., None].expand(-1, -1, hidden.shape[-1]))
-            logits = base.get_output_embeddings()(h)  # (B, T, V)
+            # As the model's own forward: its LM head, logit scaling, final soft cap.
+            from reinf.modeling import lm_head_logits
+            logits = lm_head_logits(base, h)  # (B, T, V)
         logp_all = torch.log_softmax(logits.float() / mb.temperature[:, None, None], dim=-1)
         logp = logp_all.gather(-1, mb.actions[..., None]).squeeze(-1)
         with contextlib.nullcontext() if entropy_grad else torch.no_grad():

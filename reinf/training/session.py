@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from reinf.training import checkpoints
-from reinf.errors import ModelError
+from reinf.errors import ModelError, ReinfError
+from reinf.lora import adapted_layers, fan_in_fan_out, lora_targets, target_layers
 from reinf.modeling import quiet_peft
 from reinf.training.ppo import KLController, Policy, RunningMoments, ValueHead
 
@@ -107,9 +108,11 @@ def build_session(config, store) -> Session:
             state = ckpt.state
             warnings += _lora_drift(config, peft_model)
         else:
+            targets = lora_targets(model, config.lora.target_modules)
             lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
                               lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
-                              target_modules=list(config.lora.target_modules))
+                              target_modules=targets,
+                              fan_in_fan_out=fan_in_fan_out(model, targets))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(ppo.seed)  # LoRA's A matrices come from the global RNG
                 peft_model = get_peft_model(model, lora)
@@ -154,11 +157,26 @@ def _after_rejection(store, parent_id: str | None) -> float:
 
 
 def _lora_drift(config, peft_model) -> list[str]:
+    """A warning when ``lora.*`` no longer describes the checkpoint's adapter. Targets are
+    compared as the layers they select in this model (``auto`` and a list naming the same
+    layers agree), never as the setting's spelling."""
     saved = peft_model.peft_config["default"]
-    if saved.r != config.lora.r or set(saved.target_modules or ()) != set(config.lora.target_modules):
-        return [f"lora settings changed (checkpoint r={saved.r}); they apply after "
+    have = adapted_layers(peft_model)
+    try:
+        want = target_layers(peft_model, lora_targets(peft_model, config.lora.target_modules))
+    except ReinfError as exc:
+        want, why = None, f": {exc.message}"
+    else:
+        why = "" if want == have else (f": the adapter is on {_leaves(have)}, the setting "
+                                       f"selects {_leaves(want)}")
+    if saved.r != config.lora.r or want != have:
+        return [f"lora settings changed (checkpoint r={saved.r}{why}); they apply after "
                 "`reinf rollback base` starts a fresh adapter"]
     return []
+
+
+def _leaves(names: set[str]) -> str:
+    return ", ".join(sorted({n.rsplit(".", 1)[-1] for n in names})) or "no layer"
 
 
 def select_episodes(session: Session, kept) -> tuple[list[tuple], dict[str, int]]:

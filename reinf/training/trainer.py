@@ -196,7 +196,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     path = checkpoints.write_checkpoint(
         root, ckpt_id, model=session.policy.model, value_head=session.policy.value_head,
         state=state, metrics={**metrics, **lineage},
-        rating_model=plan.rating_model.state_dict() if plan.rating_model else None)
+        rating_model=plan.rating_model.state_dict() if plan.rating_model else None,
+        base_model_name=config.model.model_path)
     metrics["seconds"] = time.perf_counter() - started
     promote(config, store, run_id, ckpt_id, path, parent_id=session.parent_id,
             metrics=metrics, samples=len(b))

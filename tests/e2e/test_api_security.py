@@ -57,7 +57,7 @@ def test_with_an_auth_token_requests_need_it(config, store, daemon, bind_setting
     from webui import create_app
     from webui.server import BackgroundServer
 
-    cfg = config.replace(host=bind_setting, auth_token="tok-123")
+    cfg = config.replace(host=bind_setting, auth_token="tok-123-0123456789")
     app = create_app(cfg, store=store, chat=FakeChatService(store), daemon=daemon)
     # Bound to loopback in the test either way; the app applies the config's rules.
     with BackgroundServer(app) as server:
@@ -67,7 +67,7 @@ def test_with_an_auth_token_requests_need_it(config, store, daemon, bind_setting
         bad = {"Authorization": "Bearer nope"}
         assert requests.get(server.url + "/api/status", headers=bad, timeout=5).status_code == 401
         assert store.counts()["turns"] == 0
-        good = {"Authorization": "Bearer tok-123"}
+        good = {"Authorization": "Bearer tok-123-0123456789"}
         r = requests.post(server.url + "/api/chat", json={"message": "hi"}, headers=good,
                           timeout=5)
         assert r.status_code == 200 and store.counts()["turns"] == 1

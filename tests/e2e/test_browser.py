@@ -304,3 +304,96 @@ def test_rating_panel_comment_critical_undo_and_rerate(browser, live, store):
     panel = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR,
                                                    f"section.rating[data-turn-id='{tid}']"))
     wait(browser, lambda d: "Saved: 5/5 · rambles" in panel.text)
+
+
+def complete_checkpoint(store, tmp_path, checkpoint_id: str, reward: float,
+                        parent_id: str | None = None) -> None:
+    """A promoted checkpoint with its files on disk (the daemon only activates loadable ones)
+    and the succeeded run that made it."""
+    from reinf.training.checkpoints import REQUIRED
+
+    path = tmp_path / checkpoint_id
+    path.mkdir()
+    for file in REQUIRED:
+        (path / file).write_text("x")
+    run = store.start_run("manual")
+    store.add_checkpoint(checkpoint_id, str(path), run_id=run.id, parent_id=parent_id,
+                         metrics={"reward_mean": reward, "kl": 0.01})
+    store.finish_run(run.id, "succeeded", samples=4, checkpoint_id=checkpoint_id,
+                     metrics={"reward_mean": reward, "kl": 0.01, "clipfrac": 0.1})
+
+
+def post_json(url: str, body: dict) -> dict:
+    """A script's request (not the page's): JSON, no CSRF token needed."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback
+    with opener.open(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_the_header_pill_follows_the_active_checkpoint(browser, config, store, tmp_path,
+                                                      fake_chat, build_daemon):
+    """A round running in the background, then checkpoints switched behind the page's back
+    (as a finished round or `reinf rollback` does): the pill shows the new one, on the chat
+    page by itself while the round runs, and on the training page next to the card."""
+    from selenium.webdriver.common.by import By
+
+    from webui import create_app
+    from webui.server import BackgroundServer
+    from webui_fakes import FakeRunner
+
+    complete_checkpoint(store, tmp_path, "ckpt-1", 0.1)
+    complete_checkpoint(store, tmp_path, "ckpt-2", 0.2, parent_id="ckpt-1")
+    store.activate_checkpoint("ckpt-1")
+    runner = FakeRunner()
+    runner.gate.clear()  # the round runs until the test lets it end
+    app = create_app(config, store=store, chat=fake_chat,
+                     daemon=build_daemon(runner=runner))
+    pill = lambda d: d.find_element(By.ID, "status-pill").text  # noqa: E731
+    try:
+        with BackgroundServer(app) as server:
+            assert post_json(server.url + "/api/train", {"force": True})["started"]
+            browser.get(server.url + "/")
+            wait(browser, lambda d: pill(d).endswith(" · ckpt-1"))
+            post_json(server.url + "/api/rollback", {"checkpoint_id": "ckpt-2"})
+            wait(browser, lambda d: pill(d).endswith(" · ckpt-2"), timeout=20)
+
+            browser.get(server.url + "/training")
+            wait(browser, lambda d: d.find_element(By.ID, "training-state").text == "running…")
+            post_json(server.url + "/api/rollback", {"checkpoint_id": "base"})
+            wait(browser, lambda d: d.find_element(By.ID, "active-checkpoint").text == "base",
+                 timeout=20)
+            wait(browser, lambda d: pill(d).endswith(" · base"), timeout=5)
+            runner.gate.set()
+            wait(browser, lambda d: d.find_element(By.ID, "training-state").text == "idle",
+                 timeout=20)
+            assert pill(browser).endswith(" · base")
+    finally:
+        runner.gate.set()
+
+
+def test_the_reward_chart_keeps_the_reward_scale(browser, live, store, tmp_path):
+    """Runs whose reward_mean differs by 0.04 are drawn on the reward scale [-1, 1], not
+    zoomed until the noise fills the chart."""
+    from selenium.webdriver.common.by import By
+
+    complete_checkpoint(store, tmp_path, "ckpt-1", 0.54)
+    complete_checkpoint(store, tmp_path, "ckpt-2", 0.50, parent_id="ckpt-1")
+    browser.get(live.url + "/training")
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#reward-chart circle.dot")) == 2)
+    ticks = [t.text for t in browser.find_elements(
+        By.CSS_SELECTOR, "#reward-chart text.tick") if t.text and ":" not in t.text]
+    assert ticks[:5] == ["-1", "-0.50", "0", "0.50", "1"], ticks
+    ys = [float(c.get_attribute("cy"))
+          for c in browser.find_elements(By.CSS_SELECTOR, "#reward-chart circle.dot")]
+    assert abs(ys[0] - ys[1]) < 10  # 0.04 apart: a few pixels, not the chart's height
+    value_range = lambda values: browser.execute_script(  # noqa: E731
+        "return Charts.valueRange(arguments[0])", values)
+    assert value_range([0.5, 0.54]) == [-1, 1]
+    assert value_range([0.3]) == [-1, 1]
+    assert value_range([-1.7, 0.2]) == [-2, 1]   # beyond the scale: widened to the next half
+    assert value_range([0.9, 1.2]) == [-1, 1.5]

@@ -1,8 +1,10 @@
 """Checkpoints written by a real round: round trip to 1e-6, crashes mid-write."""
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +143,39 @@ def test_killed_writer_leaves_a_tmp_dir_that_nothing_loads(home, model_dir):
     after = train_round(config, store)
     assert after.status == "succeeded" and after.metrics["parent_id"] == good.checkpoint_id
     assert not any(p.name.startswith(checkpoints.TMP_PREFIX) for p in root.iterdir())
+
+
+def test_checkpoints_record_the_model_name_and_load_when_moved(home, model_dir, tmp_path):
+    """adapter_config.json names the base as the setting does (here a directory beside the
+    config file), not this machine's absolute path; a moved checkpoint still loads, and a
+    round resumed from one saves without looking the name up anywhere."""
+    from reinf.adapters import read_adapter
+
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("model:\n  model_path: tiny-model\n")
+    (home / "tiny-model").symlink_to(model_dir, target_is_directory=True)
+    config = tk.train_config(home, model_dir, model_path="tiny-model")
+    assert config.model.model_path == "tiny-model"
+    store = Store.open(config)
+    tk.add_rated_turns(store, tk.load_policy(model_dir), 8, seed=0)
+    first = train_round(config, store)
+    tk.add_rated_turns(store, tk.load_policy(model_dir), 8, seed=1)
+    second = train_round(config, store)  # resumes from the first checkpoint, then saves
+    assert store.get_checkpoint(second.checkpoint_id).parent_id == first.checkpoint_id
+    for result in (first, second):
+        path = Path(store.get_checkpoint(result.checkpoint_id).path)
+        recorded = json.loads((path / "adapter_config.json").read_text())
+        assert recorded["base_model_name_or_path"] == "tiny-model"
+        assert str(home) not in (path / "adapter_config.json").read_text()
+
+    moved = tmp_path / "shared" / "ckpt"
+    shutil.copytree(store.get_checkpoint(second.checkpoint_id).path, moved)
+    ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        here = tk.load_policy(model_dir, store.get_checkpoint(second.checkpoint_id).path)
+        there = tk.load_policy(model_dir, moved)  # PeftModel.from_pretrained(base, path)
+        assert (here(input_ids=ids).logits - there(input_ids=ids).logits).abs().max() < 1e-6
+        assert not torch.allclose(there(input_ids=ids).logits,
+                                  tk.load_policy(model_dir)(input_ids=ids).logits)
+    peft_config, weights = read_adapter(moved, "moved")  # how the engine reads one
+    assert peft_config.base_model_name_or_path == "tiny-model" and weights

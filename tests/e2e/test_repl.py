@@ -6,16 +6,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pexpect
 import pytest
 
 from conftest import clean_env
+from reinf.cli.chat import TURN_FIELDS
 from reinf.config import load_config
 from reinf.repl import RATE_PROMPT, USER_PROMPT
 from reinf.store import Store
 from tiny import make_adapter, make_tiny_model
+from webui_fakes import FakeChatService
+from webui_fakes import app, build_daemon, daemon, live  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
 REINF = [sys.executable, "-m", "reinf"]
@@ -141,10 +145,12 @@ def test_once_json_continues_a_conversation(tiny, home, tmp_path):
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    assert set(out) == {"turn_id", "conversation_id", "reply", "checkpoint_id", "interrupted",
-                        "ttft_ms", "latency_ms", "reply_tokens"}
+    assert list(out) == list(TURN_FIELDS)  # README "JSON output": a turn, as history prints
     turn = store.get_turn(out["turn_id"])
     assert (turn.conversation_id, turn.index, turn.reply) == (conv, 2, out["reply"])
+    assert out == turn.to_dict()
+    assert out["user_message"] == "Hello there" and out["model"] == str(tiny)
+    assert out["rating"] is None and out["index"] == 2 and out["created_at"]
     assert out["checkpoint_id"] == "base" and out["interrupted"] is False
     assert out["reply_tokens"] == len(turn.reply_ids) == len(turn.logprobs) <= 6
     assert out["ttft_ms"] > 0 and out["latency_ms"] >= out["ttft_ms"]
@@ -191,3 +197,77 @@ def test_a_missing_model_is_one_clear_line(invoke, monkeypatch, tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"no model at {tmp_path / 'no-model'} — run `reinf init` or set model_path" \
         in result.output
+
+
+class StartingChat(FakeChatService):
+    """The echo service of the web tests, where a test can hold the next reply before it
+    starts (``hold``): as a server busy with the conversation, or a long prompt, would."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.hold = threading.Event()
+        self.entered = threading.Event()   # the held reply is waiting
+        self.release = threading.Event()
+
+    def stream(self, message, conversation_id=None, **gen):
+        if self.hold.is_set():
+            self.entered.set()
+            self.release.wait(60)
+        return super().stream(message, conversation_id, **gen)
+
+
+@pytest.fixture
+def fake_chat(store):
+    return StartingChat(store)
+
+
+def test_ctrl_c_before_the_reply_starts_stops_only_the_reply(fake_chat, live, home, tmp_path):
+    """Ctrl-C before the first token (here: while the server has not started the reply) stops
+    that reply, as one after a token does; the session goes on."""
+    fake_chat.gate = threading.Event()  # each reply holds after its first piece until stopped
+    child = pexpect.spawn(REINF[0], REINF[1:] + ["chat", "--url", live.url], env=clean_env(home),
+                          cwd=str(tmp_path), encoding="utf-8", timeout=60, dimensions=(40, 200),
+                          preexec_fn=default_sigint)
+    try:
+        child.expect_exact(USER_PROMPT)
+        fake_chat.hold.set()
+        child.sendline("Tell me a long story")
+        assert fake_chat.entered.wait(30)
+        child.sendintr()
+        child.expect_exact("^C")  # the terminal has sent SIGINT
+        time.sleep(0.5)
+        fake_chat.hold.clear()
+        fake_chat.release.set()
+        child.expect(r"\[stopped (after \d+ tokens|before the first token); kept as turn (\d+), "
+                     r"marked interrupted\]")
+        turn_id = int(child.match.group(2))
+        if child.expect_exact([RATE_PROMPT, USER_PROMPT]) == 0:
+            child.sendline("")
+            child.expect_exact(USER_PROMPT)
+        child.sendline("Second question")  # the session goes on
+        child.expect_exact("echo: ")
+        fake_chat.gate.set()
+        child.expect_exact(RATE_PROMPT)
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+        child.close()
+    finally:
+        fake_chat.release.set()
+        fake_chat.gate.set()
+        child.close(force=True)
+    assert child.exitstatus == 0
+    first, second = open_store(home).history(limit=None, oldest_first=True)
+    assert first.id == turn_id and first.interrupted
+    assert first.reply in ("", "echo: ")  # stopped before or at its first piece
+    assert second.reply == "echo: Second question" and not second.interrupted
+
+
+def test_once_json_over_http_prints_the_whole_turn(live, invoke, store):
+    result = invoke("chat", "--url", live.url, "--once", "hello there", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert list(out) == list(TURN_FIELDS)
+    assert out == store.get_turn(out["turn_id"]).to_dict()
+    assert (out["user_message"], out["reply"], out["model"]) == (
+        "hello there", "echo: hello there", "fake-echo")
+    assert out["rating"] is None and out["index"] == 1 and out["created_at"]

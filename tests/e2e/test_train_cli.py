@@ -29,7 +29,10 @@ def write_config(home, model_path, **ppo):
     data = {"model": {"model_path": str(model_path), "device": "cpu"},
             "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": tk.ALL_LINEAR},
             "ppo": {"learning_rate": 2e-3, "batch_size": 8, "ppo_epochs": 2, **ppo},
-            "rewards": {"half_life_days": 0}}
+            "rewards": {"half_life_days": 0},
+            # The CLI's mechanics on a fixed batch (exit codes, --json, the bar's 2/2): PPO on
+            # the rated replies; rollout rounds are tests/e2e/test_rollouts.py's.
+            "training": {"method": "rated"}}
     (home / "config.yaml").write_text(yaml.safe_dump(data))
     return load_config(environ={"REINF_HOME": str(home)})
 
@@ -127,3 +130,24 @@ def test_one_round_at_a_time(home, model_dir, invoke):
     assert result.exit_code == 1
     assert "another training round is running" in result.output
     assert Store.open(config).list_runs() == []
+
+
+def test_a_broken_hook_is_reported_even_with_nothing_new(home, tmp_path, invoke):
+    """No new ratings, but the hook is broken: the hook is what to fix (exit 5), not
+    "nothing new to train on" (exit 4); the round stops before anything loads."""
+    write_config(home, tmp_path / "no-model-needed")
+    (home / "mapper.py").write_text("def reward_mapper(score, metadata):\n    return undefined\n")
+    with open(home / "config.yaml", "a") as f:
+        f.write(f"reward_mapper: {home / 'mapper.py'}:reward_mapper\n")
+    broken = invoke("train", "--json")
+    assert broken.exit_code == EXIT_HOOK, broken.output
+    out = json.loads(broken.stdout)
+    assert (out["status"], out["error"], out["run_id"]) == ("failed", "hook", None)
+    assert out["message"].startswith("reward hook broken:") and "undefined" in out["message"]
+    assert "nothing new" not in broken.output
+    text_out = invoke("train")
+    assert text_out.exit_code == EXIT_HOOK
+    assert "undefined" in text_out.output and "Traceback" not in text_out.output
+    assert text_out.output.count("training is paused") == 1
+    (home / "mapper.py").write_text("def reward_mapper(score, metadata):\n    return 0.0\n")
+    assert invoke("train").exit_code == EXIT_NOTHING  # fixed: back to "nothing new"

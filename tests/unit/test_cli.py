@@ -133,3 +133,82 @@ def test_real_subprocess(home):
     bad = run("rate", "last", "3")
     assert bad.returncode == 1 and "no turns yet" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+class _StoppableReply:
+    conversation_id = 7
+
+    def __init__(self):
+        self.stopped = False
+
+    def __iter__(self):
+        return iter([] if self.stopped else ["a reply nobody asked for"])
+
+    def stop(self):
+        self.stopped = True
+
+    def result(self):
+        return {"turn_id": 1, "reply": "", "reply_tokens": 0, "interrupted": self.stopped}
+
+
+class _SlowToStart:
+    """A backend whose reply takes a moment to start (a long prompt being built, a busy
+    server): the person presses Ctrl-C meanwhile, before the first token."""
+
+    def describe(self):
+        return "fake"
+
+    def send_stream(self, message, conversation_id):
+        import os
+        import signal
+        import time
+
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the signal lands in here
+        self.reply = _StoppableReply()
+        return self.reply
+
+
+def test_ctrl_c_before_the_first_token_stops_only_the_reply():
+    import io
+    import signal
+
+    from reinf.repl import Repl
+
+    backend, out = _SlowToStart(), io.StringIO()
+    lines = iter(["hello", "/quit"])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        code = Repl(backend, read=lambda prompt: next(lines), out=out).run()
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C before the first token ended the whole session")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 0 and backend.reply.stopped
+    assert "[stopped before the first token; kept as turn 1, marked interrupted]" in out.getvalue()
+    assert "a reply nobody asked for" not in out.getvalue()
+    assert signal.getsignal(signal.SIGINT) is previous  # the handler is given back
+
+
+def test_status_names_the_device_auto_picks(invoke, seeded, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    data = json.loads(invoke("status", "--json").output)
+    assert (data["model"]["device"], data["model"]["device_in_use"]) == ("auto", "cpu")
+    assert "device:             cpu (auto)\n" in invoke("status").output
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "device:             cuda (auto)\n" in invoke("status").output
+    monkeypatch.setenv("REINF_DEVICE", "cpu")  # as set, no "(auto)"
+    assert "device:             cpu\n" in invoke("status").output
+
+
+def test_a_broken_hook_warning_says_training_is_paused_once(invoke, seeded, home, monkeypatch):
+    (home / "mapper.py").write_text("def reward_mapper(score, metadata):\n    return undefined\n")
+    monkeypatch.setenv("REINF_REWARD_MAPPER", f"{home / 'mapper.py'}:reward_mapper")
+    data = json.loads(invoke("status", "--json").output)
+    assert data["reward_hook"]["ok"] is False
+    [warning] = [w for w in data["warnings"] if "undefined" in w]
+    assert warning.count("training is paused") == 1, warning
+    assert "paused until it works (training is paused" not in warning

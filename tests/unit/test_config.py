@@ -86,6 +86,10 @@ def test_flat_public_names_at_top_level_are_accepted(tmp_path, home):
     ("lora:\n  target_modules: q_proj\n", "lora.target_modules", ["list"]),
     ("rewards:\n  reward_min: 1\n  reward_max: 0\n", "reward_min", ["below reward_max"]),
     ("server:\n  host: 0.0.0.0\n", "auth_token", ["auth_token is not set"]),
+    ("server:\n  host: 0.0.0.0\n  auth_token: '   '\n", "auth_token", ["auth_token is blank"]),
+    ("server:\n  auth_token: ' '\n", "auth_token", ["auth_token is blank"]),
+    ("server:\n  host: 0.0.0.0\n  auth_token: s3cret-token\n", "auth_token",
+     ["only 12 characters", "at least 16"]),
     ("ppo: [1, 2]\n", "ppo", ["must be a mapping"]),
 ])
 def test_bad_file_values_name_the_key_the_file_and_the_fix(tmp_path, home, text, key, words):
@@ -99,6 +103,19 @@ def test_bad_file_values_name_the_key_the_file_and_the_fix(tmp_path, home, text,
     assert err.fix
     for w in words:
         assert w in message
+
+
+@pytest.mark.parametrize("token", ["   ", "\t", "tok-123", "0123456789abcde"])
+def test_serving_off_loopback_needs_a_real_token(home, token):
+    env = {"REINF_HOME": str(home), "AUTH_TOKEN": token}
+    with pytest.raises(ConfigError) as info:
+        load_config(environ=env, overrides={"host": "0.0.0.0"})  # reinf serve --host 0.0.0.0
+    assert info.value.key == "auth_token" and "openssl rand -hex 16" in info.value.fix
+    good = load_config(environ={**env, "AUTH_TOKEN": "0123456789abcdef"},
+                       overrides={"host": "0.0.0.0"})
+    assert good.server.auth_token == "0123456789abcdef"
+    if token.strip():  # on loopback a short token is the person's choice
+        assert load_config(environ=env).server.auth_token == token
 
 
 def test_bad_env_value_names_the_source(home):
@@ -151,3 +168,66 @@ def test_model_path_resolution(tmp_path, home, monkeypatch):
     assert resolve_model_path(cfg.replace(model_path="mymodel")) == str(local)
     assert resolve_model_path(cfg.replace(model_path="Qwen/Qwen2.5-0.5B-Instruct")) \
         == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+# --- lora.target_modules: auto | all-linear | a list of names ------------------------------
+
+@pytest.mark.parametrize("source,raw,expected", [
+    ("default", None, "auto"),
+    ("file", "all-linear", "all-linear"),
+    ("file", "AUTO", "auto"),
+    ("file", "[c_attn, c_proj]", ["c_attn", "c_proj"]),
+    ("env", "all-linear", "all-linear"),
+    ("env", "query_key_value", ["query_key_value"]),
+    ("env", "q_proj, v_proj", ["q_proj", "v_proj"]),
+    ("env", "[qkv_proj]", ["qkv_proj"]),
+])
+def test_target_modules_takes_auto_all_linear_or_names(tmp_path, home, source, raw, expected):
+    env = {"REINF_HOME": str(home)}
+    path = None
+    if source == "file":
+        path = write(tmp_path / "c.yaml", f"lora:\n  target_modules: {raw}\n")
+    elif source == "env":
+        env["REINF_LORA_TARGET_MODULES"] = raw
+    assert load_config(path, environ=env).lora.target_modules == expected
+
+
+@pytest.mark.parametrize("raw,words", [
+    ("c_attn", ["auto, all-linear, or a list of names"]),      # one name is still a list
+    ("[]", ["auto, all-linear, or a list of names"]),
+    ("5", ["expected auto"]),
+    ("[q_proj, 3]", ["list of names"]),
+    ("[q_proj, all-linear]", ["all-linear is a value of its own"]),
+])
+def test_bad_target_modules_name_the_key_and_the_fix(tmp_path, home, raw, words):
+    f = write(tmp_path / "c.yaml", f"lora:\n  target_modules: {raw}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f, environ={"REINF_HOME": str(home)})
+    assert info.value.key == "lora.target_modules"
+    assert "lora.target_modules" in info.value.fix
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_target_modules_through_replace(config):
+    assert config.replace(lora_target_modules="all-linear").lora.target_modules == "all-linear"
+    assert config.replace(lora_target_modules=["c_attn"]).lora.target_modules == ["c_attn"]
+    with pytest.raises(ConfigError):
+        config.replace(lora_target_modules=[])
+
+
+# --- max_history: null (auto) by default, 0 = no past turns -----------------------------------
+
+def test_max_history_defaults_to_auto_and_keeps_zero(tmp_path, home):
+    env = {"REINF_HOME": str(home)}
+    assert load_config(environ=env).model.max_history is None
+    assert load_config(environ={**env, "MAX_HISTORY": "0"}).model.max_history == 0
+    assert load_config(environ={**env, "MAX_HISTORY": "12"}).model.max_history == 12
+    assert load_config(environ={**env, "MAX_HISTORY": "null"}).model.max_history is None
+    f = write(tmp_path / "c.yaml", "model:\n  max_history: null\n")
+    assert load_config(f, environ=env).model.max_history is None
+    f = write(tmp_path / "c.yaml", "model:\n  max_history: 3\n")
+    assert load_config(f, environ=env).model.max_history == 3
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={**env, "MAX_HISTORY": "-1"})
+    assert info.value.key == "max_history"

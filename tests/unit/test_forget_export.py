@@ -87,3 +87,13 @@ def test_export_formats(store):
     assert [r["label"] for r in kto] == [True, False]  # the 3 is dropped
     assert kto[1]["completion"] == [{"role": "assistant", "content": "a3"}]
     assert kto[1]["prompt"][-1] == {"role": "user", "content": "q3"}
+
+
+def test_reinf_forget_turn_takes_the_title_from_the_turn_left(store, invoke):
+    conv = store.create_conversation().id
+    first = chat(store, conv, f"{SECRET} is what I told you")
+    chat(store, conv, "what is the weather like")
+    assert SECRET in store.get_conversation(conv).title
+    invoke("forget", "--turn", first.id)
+    assert store.get_conversation(conv).title == "what is the weather like"
+    assert SECRET not in every_query_text(store)

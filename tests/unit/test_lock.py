@@ -137,7 +137,7 @@ def fake_server():
 
 
 def test_requests_reach_the_running_server_with_its_token(config, fake_server):
-    cfg = config.replace(auth_token="s3cret")
+    cfg = config.replace(auth_token="s3cret-0123456789abcdef")
     port = fake_server.server_address[1]
     with acquire_lock(cfg, host="0.0.0.0", port=port, url=f"http://0.0.0.0:{port}/"):
         Recorder.answer = (202, {"started": True, "trigger": "request"})
@@ -151,7 +151,7 @@ def test_requests_reach_the_running_server_with_its_token(config, fake_server):
         assert err.value.status == 409
     (path, headers, body), (path2, _, body2) = Recorder.seen[:2]
     assert path == "/api/train" and body == {}
-    assert headers["Authorization"] == "Bearer s3cret"
+    assert headers["Authorization"] == "Bearer s3cret-0123456789abcdef"
     assert headers["Content-Type"] == "application/json"
     assert headers["Host"] == f"127.0.0.1:{port}"  # a wildcard bind is reached on loopback
     assert path2 == "/api/rollback" and body2 == {"checkpoint_id": "base"}
@@ -300,9 +300,9 @@ def test_probe_is_none_at_once_when_nothing_listens():
                                         ({"hello": "world"}, False), ([1, 2], False)])
 def test_probe_finds_only_a_server_that_answers_like_reinf(ping_server, body, found):
     Pinged.body = body
-    answer = probe_server(f"http://127.0.0.1:{ping_server.server_port}/", token="s3cret")
+    answer = probe_server(f"http://127.0.0.1:{ping_server.server_port}/", token="s3cret-0123456789abcdef")
     assert answer == (body if found else None)
-    assert Pinged.seen == [("/api/ping", "Bearer s3cret")]
+    assert Pinged.seen == [("/api/ping", "Bearer s3cret-0123456789abcdef")]
 
 
 def test_find_server_tries_this_directorys_server_then_the_configured_address(config,
@@ -312,9 +312,9 @@ def test_find_server_tries_this_directorys_server_then_the_configured_address(co
     assert find_server(nowhere) is None
     with acquire_lock(nowhere, host="0.0.0.0", port=port):  # the lock says where it is
         assert find_server(nowhere) == f"http://127.0.0.1:{port}"
-    configured = config.replace(host="0.0.0.0", port=port, auth_token="s3cret")
+    configured = config.replace(host="0.0.0.0", port=port, auth_token="s3cret-0123456789abcdef")
     assert find_server(configured) == f"http://127.0.0.1:{port}"
-    assert Pinged.seen[-1] == ("/api/ping", "Bearer s3cret")
+    assert Pinged.seen[-1] == ("/api/ping", "Bearer s3cret-0123456789abcdef")
     given = f"http://127.0.0.1:{port}/"
     assert find_server(nowhere, given) == given
     assert find_server(configured, f"http://127.0.0.1:{free_port()}") is None  # only there

@@ -94,3 +94,19 @@ def test_the_core_never_imports_the_web_app():
                                                          if n == "webui" or n.startswith("webui."))
                  for p in core}
     assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_every_referenced_doc_exists():
+    """Error messages, docstrings, pages and the README point at docs/*.md that are there."""
+    sources = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+    for folder in ("reinf", "webui"):
+        sources += [p for p in sorted((PROJECT_ROOT / folder).rglob("*"))
+                    if p.suffix in (".py", ".js", ".html") and "__pycache__" not in p.parts]
+    referenced = {}
+    for path in sources:
+        for ref in re.findall(r"docs/[\w./-]+?\.md\b", path.read_text(encoding="utf-8")):
+            referenced.setdefault(ref, path.relative_to(PROJECT_ROOT))
+    assert "docs/api.md" in referenced  # the scan finds what it is for
+    missing = {ref: str(where) for ref, where in referenced.items()
+               if not (PROJECT_ROOT / ref).is_file()}
+    assert not missing, f"referenced but missing: {missing}"

@@ -183,3 +183,160 @@ def test_sampling_follows_the_distribution_and_the_seed():
     assert torch.allclose(counts, torch.tensor([0.6, 0.3, 0.1]), atol=0.04)
     again = [sample_top_p(logp, 1.0, torch.Generator().manual_seed(7)) for _ in range(5)]
     assert len(set(again)) == 1
+
+
+# --- LoRA targets and LM-head logits on stand-in module trees (no model load) --------------
+
+from types import SimpleNamespace
+
+from torch import nn
+
+from reinf.errors import ConfigError
+from reinf.lora import (attention_projections, fan_in_fan_out, linear_names, lora_targets,
+                        target_layers)
+from reinf.modeling import lm_head_logits
+
+
+class Fused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv_proj, self.o_proj = nn.Linear(8, 24), nn.Linear(8, 8)
+
+
+class Split(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(8, 8) for _ in range(4))
+
+
+class Block(nn.Module):
+    def __init__(self, attn, name="self_attn"):
+        super().__init__()
+        setattr(self, name, attn())
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+
+
+class StandIn(nn.Module):
+    """A causal LM's shape: model.layers.N.<attention>, lm_head, a config."""
+
+    def __init__(self, attn=Split, model_type="standin", name="self_attn", **config):
+        super().__init__()
+        self.config = SimpleNamespace(model_type=model_type, **config)
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(11, 8)
+        self.model.layers = nn.ModuleList(Block(attn, name) for _ in range(2))
+        self.lm_head = nn.Linear(8, 11, bias=False)
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def get_decoder(self):
+        return self.model
+
+
+def test_auto_picks_query_and_value_projections():
+    assert lora_targets(StandIn(), "auto") == ["q_proj", "v_proj"]
+    assert attention_projections(StandIn(Fused)) == ["qkv_proj"]
+
+
+def test_auto_uses_peft_mapping_only_where_its_names_exist():
+    # peft maps llama to q_proj/v_proj; a fused-qkv model claiming that type falls back
+    assert lora_targets(StandIn(Fused, model_type="llama"), "auto") == ["qkv_proj"]
+    assert lora_targets(StandIn(Split, model_type="llama"), "auto") == ["q_proj", "v_proj"]
+
+
+def test_auto_without_attention_is_a_clear_error():
+    model = StandIn(Split, name="mixer")
+    model.model.layers[0].mixer.__class__ = type("Mixer", (nn.Module,), {})
+    model.model.layers[1].mixer.__class__ = type("Mixer", (nn.Module,), {})
+    with pytest.raises(ConfigError) as info:
+        lora_targets(model, "auto")
+    assert info.value.key == "lora.target_modules" and "all-linear" in info.value.fix
+
+
+def test_a_list_that_matches_nothing_names_what_the_model_has():
+    with pytest.raises(ConfigError) as info:
+        lora_targets(StandIn(Fused), ["q_proj", "v_proj"])
+    err = info.value
+    assert err.key == "lora.target_modules"
+    assert "qkv_proj" in err.message and "o_proj" in err.message and "0" in err.message
+    assert linear_names(StandIn(Fused)) == ["0", "1", "lm_head", "o_proj", "qkv_proj"]
+    assert lora_targets(StandIn(Fused), ["qkv_proj", "nope"]) == ["qkv_proj", "nope"]
+
+
+def test_all_linear_is_peft_s_and_leaves_the_lm_head_alone():
+    model = StandIn()
+    assert lora_targets(model, "all-linear") == "all-linear"
+    layers = target_layers(model, "all-linear")
+    assert "lm_head" not in layers and "model.layers.1.self_attn.q_proj" in layers
+    assert len(layers) == 2 * 6
+    assert target_layers(model, r".*\.0\.self_attn\.(q|v)_proj") == \
+        {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}
+
+
+def test_fan_in_fan_out_for_conv1d_layers():
+    from transformers.pytorch_utils import Conv1D
+
+    model = StandIn(Fused)
+    for block in model.model.layers:
+        block.self_attn.qkv_proj = Conv1D(24, 8)
+    assert fan_in_fan_out(model, ["qkv_proj"])
+    assert not fan_in_fan_out(model, ["o_proj"])
+    assert not fan_in_fan_out(model, ["qkv_proj", "o_proj"])
+
+
+@pytest.mark.parametrize("config,transform", [
+    (dict(model_type="llama"), lambda x: x),
+    (dict(model_type="cohere", logit_scale=0.25), lambda x: x * 0.25),
+    (dict(model_type="granite", logits_scaling=4.0), lambda x: x / 4.0),
+    (dict(model_type="hyperclovax", logits_scaling=4.0), lambda x: x * 4.0),
+    (dict(model_type="mpt", logit_scale=0.25), lambda x: x),   # MPT's forward ignores it
+    (dict(model_type="minicpm3", logits_scaling=2.0), lambda x: x / 2.0),
+    (dict(model_type="gemma2", final_logit_softcapping=0.5),
+     lambda x: torch.tanh(x / 0.5) * 0.5),
+    (dict(model_type="gemma2", final_logit_softcapping=None), lambda x: x),
+    (dict(model_type="recurrent_gemma", logits_soft_cap=0.5), lambda x: torch.tanh(x / 0.5) * 0.5),
+])
+def test_lm_head_logits_apply_what_the_family_applies(config, transform):
+    torch.manual_seed(0)
+    model = StandIn(**{k: v for k, v in config.items() if k != "model_type"},
+                    model_type=config["model_type"])
+    h = torch.randn(2, 3, 8)
+    expected = transform(model.lm_head(h))
+    assert torch.allclose(lm_head_logits(model, h), expected, atol=1e-6)
+
+
+def test_lm_head_logits_use_the_whole_head_and_the_unpadded_vocab():
+    model = StandIn(unpadded_vocab_size=9)
+    model.lm_head = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 11))
+    model.get_output_embeddings = lambda: model.lm_head[2]   # BERT-style: transform + decoder
+    h = torch.randn(1, 2, 8)
+    out = lm_head_logits(model, h)
+    assert out.shape == (1, 2, 9)
+    assert torch.allclose(out, model.lm_head(h)[..., :9])
+
+
+# --- max_history: null = as many turns as suit the model ------------------------------------
+
+def test_max_history_auto_keeps_the_demo_model_short_and_fills_other_contexts():
+    from reinf.modeling import resolve_max_history
+
+    assert resolve_max_history(None, "/anywhere/models/reinf-demo") == 4
+    assert resolve_max_history(None, "reinf-demo") == 4
+    assert resolve_max_history(None, "/models/tiny-gpt2") == 32
+    assert resolve_max_history(None, "Qwen/Qwen2.5-0.5B-Instruct") == 32
+    assert resolve_max_history(0, "/models/tiny-gpt2") == 0          # 0 still means none
+    assert resolve_max_history(7, "/anywhere/models/reinf-demo") == 7  # a set value wins
+
+
+def test_max_history_auto_sends_what_fits_the_context(tok):
+    from reinf.modeling import resolve_max_history
+
+    auto = resolve_max_history(None, "/models/tiny")
+    roomy = build_prompt_ids(tok, HISTORY, "hi", max_history=auto, max_context_tokens=10_000,
+                             max_new_tokens=16)
+    assert tok.decode(roomy) == chatml(HISTORY, "hi")   # all 6 turns, more than the old 4
+    sizes = {k: len(render_chat(tok, HISTORY[-k:], "hi")) for k in range(1, 7)}
+    tight = build_prompt_ids(tok, HISTORY, "hi", max_history=auto,
+                             max_context_tokens=sizes[2] + 16, max_new_tokens=16)
+    assert tok.decode(tight) == chatml(HISTORY[-2:], "hi")  # the budget, not the cap, trims

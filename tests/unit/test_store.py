@@ -88,6 +88,22 @@ def test_bad_rating_fields(store):
         store.rate(999, 3)
 
 
+def test_the_store_refuses_text_that_is_not_utf8_as_a_second_line(store):
+    conv = store.create_conversation().id
+    turn = store.append_turn(conv, "q", "a")
+    for call in (lambda: store.rate(turn.id, 3, tags="fine,bad \ud800"),
+                 lambda: store.rate(turn.id, 3, comment="\udc80"),
+                 lambda: store.append_turn(conv, "\ud800", "a"),
+                 lambda: store.append_turn(conv, "q", "\ud800"),
+                 lambda: store.create_conversation(user_id="\ud800"),
+                 lambda: store.create_conversation(title="\ud800")):
+        with pytest.raises(BadInput, match="surrogate"):
+            call()
+    counts = store.counts()
+    assert (counts["conversations"], counts["turns"], counts["ratings"]) == (1, 1, 0)
+    assert [t.rating for t in store.history(limit=None)] == [None]
+
+
 def test_history_filters(store):
     turns = [add_turn(store, msg=f"m{i}") for i in range(5)]
     store.rate(turns[0].id, 1, tags=["wrong"])

@@ -51,7 +51,7 @@ def test_binding_off_loopback_without_a_token_is_refused(config):
 @pytest.fixture
 def locked(config, store, fake_chat, daemon):
     return make_client(config, store, fake_chat, daemon, host="0.0.0.0",
-                       auth_token="s3cret-token")
+                       auth_token="s3cret-token-0123")
 
 
 @pytest.mark.parametrize("path", ["/api/status", "/api/history", "/v1/models"])
@@ -61,7 +61,7 @@ def test_api_without_the_token_is_401(locked, path):
     assert "auth token" in (r.get_json()["error"] if path.startswith("/api")
                             else r.get_json()["error"]["message"])
     assert locked.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    ok = locked.get(path, headers={"Authorization": "Bearer s3cret-token"})
+    ok = locked.get(path, headers={"Authorization": "Bearer s3cret-token-0123"})
     assert ok.status_code == 200
 
 
@@ -71,7 +71,7 @@ def test_writes_without_the_token_are_401_and_store_nothing(locked, store):
 
 
 def test_off_loopback_any_ip_host_is_accepted_but_names_are_not(locked):
-    auth = {"Authorization": "Bearer s3cret-token"}
+    auth = {"Authorization": "Bearer s3cret-token-0123"}
     assert locked.get("/api/ping", headers={**auth, "Host": "192.168.1.7:8765"}).status_code == 200
     assert locked.get("/api/ping", headers={**auth, "Host": "evil.example"}).status_code == 400
 
@@ -87,9 +87,9 @@ def test_pages_redirect_to_login_and_the_cookie_unlocks_them(locked):
     assert csrf in page
     bad = locked.post("/login", data={"token": "nope", "csrf": csrf, "next": "/history"})
     assert bad.status_code == 401 and "not right" in bad.get_data(as_text=True)
-    no_csrf = locked.post("/login", data={"token": "s3cret-token"})
+    no_csrf = locked.post("/login", data={"token": "s3cret-token-0123"})
     assert no_csrf.status_code == 415 or no_csrf.status_code == 403
-    good = locked.post("/login", data={"token": "s3cret-token", "csrf": csrf,
+    good = locked.post("/login", data={"token": "s3cret-token-0123", "csrf": csrf,
                                        "next": "//evil.example/x"})
     assert good.status_code == 302 and good.headers["Location"] == "/"
     cookie = good.headers["Set-Cookie"]
@@ -100,6 +100,33 @@ def test_pages_redirect_to_login_and_the_cookie_unlocks_them(locked):
     assert locked.post("/api/chat", json={"message": "x"}).status_code == 403
     r = locked.post("/api/chat", json={"message": "x"}, headers={"X-Reinf-CSRF": csrf})
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize("given", [
+    "/%09/evil.example", "/%0d%0aX:1", "/%0aSet-Cookie:x=1", "//evil.example", "///evil.example",
+    "/%5Cevil.example", "/%5C%5Cevil.example", "%2F%2Fevil.example", "/%2F%2Fevil.example",
+    "/%252F%252Fevil.example", "/%20/evil.example", "%20//evil.example", "/%E2%80%8B/evil.example",
+    "/%E3%80%80/evil.example", "https://evil.example/x", "https:evil.example",
+    "javascript:alert(1)", "/x?to=https://evil.example", "evil.example", "%00//evil.example",
+])
+def test_login_redirects_only_to_a_same_site_path(locked, client, given):
+    csrf = locked.application.extensions["reinf"].guard.csrf_token
+    page = locked.get(f"/login?next={given}")
+    assert page.status_code == 200
+    assert 'name="next" value="/"' in page.get_data(as_text=True)
+    r = locked.post(f"/login?next={given}", data={"token": "s3cret-token-0123", "csrf": csrf})
+    assert r.status_code == 302 and r.headers["Location"] == "/", r.headers["Location"]
+    r = client.get(f"/login?next={given}")  # without a token, /login redirects at once
+    assert r.status_code == 302 and r.headers["Location"] == "/", r.headers["Location"]
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("/history", "/history"), ("/history?tag=too%20long", "/history?tag=too%20long"),
+    ("/training#runs", "/training#runs"), ("/", "/"), ("", "/"),
+])
+def test_login_still_returns_to_the_page_asked_for(client, given, expected):
+    r = client.get("/login", query_string={"next": given} if given else None)
+    assert r.status_code == 302 and r.headers["Location"] == expected
 
 
 # --- CSRF ----------------------------------------------------------------------------

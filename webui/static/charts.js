@@ -38,12 +38,23 @@ const Charts = (() => {
     }
   }
 
+  /** The y range [lo, hi] of a line chart. It always holds ``floor`` (the reward scale,
+   * [-1, 1]), so run-to-run noise of a few hundredths stays a few hundredths tall instead of
+   * filling the chart; values beyond it widen it to the next half. Pure: tested directly. */
+  function valueRange(values, floor = [-1, 1]) {
+    const finite = values.filter((v) => Number.isFinite(v));
+    let lo = Math.min(floor[0], ...finite), hi = Math.max(floor[1], ...finite);
+    lo = Math.floor(lo * 2) / 2;
+    hi = Math.ceil(hi * 2) / 2;
+    if (hi - lo < 1e-9) { lo -= 0.5; hi += 0.5; }
+    return [lo, hi];
+  }
+
   /** points: [{x: Date, y: number, label: string}] in time order. */
   function line(container, points, title) {
     if (!points.length) { empty(container, "No finished training runs yet."); return; }
     const root = frame(container, title);
-    let lo = Math.min(...points.map((p) => p.y)), hi = Math.max(...points.map((p) => p.y));
-    if (hi - lo < 1e-9) { lo -= 0.5; hi += 0.5; }
+    const [lo, hi] = valueRange(points.map((p) => p.y));
     const t0 = points[0].x.getTime(), t1 = points[points.length - 1].x.getTime();
     const x = (d) => points.length === 1 ? (PAD.left + W - PAD.right) / 2 :
       PAD.left + (W - PAD.left - PAD.right) * (d.getTime() - t0) / Math.max(t1 - t0, 1);
@@ -89,5 +100,5 @@ const Charts = (() => {
     });
   }
 
-  return {line, bars};
+  return {line, bars, valueRange};
 })();

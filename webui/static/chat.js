@@ -178,6 +178,10 @@
             finished = true;
             text(view.replyText, parsed.data.reply);
             attachPanel(view, parsed.data);
+            const pill = document.getElementById("status-pill");
+            if (pill && pill.dataset.checkpoint !== (parsed.data.checkpoint_id || "base")) {
+              Reinf.refreshPill();  // the reply came from a checkpoint the pill does not show
+            }
           } else if (parsed.event === "error") {
             finished = true;
             view.node.classList.add("failed");

@@ -102,16 +102,38 @@ const Reinf = (() => {
     try { return JSON.parse(node.textContent); } catch (e) { return {}; }
   }
 
-  /** Keep the header pill in step with the model and active checkpoint. */
-  async function refreshPill() {
+  // The pill looks at the status again after this long: soon while a training round runs
+  // (its checkpoint may become active any moment), now and then otherwise (a round the
+  // schedule starts, a rollback from the terminal).
+  const PILL_TRAINING_MS = 4000, PILL_IDLE_MS = 60000;
+  let pillTimer = null;
+
+  function pillLater(ms) {
+    clearTimeout(pillTimer);
+    pillTimer = setTimeout(refreshPill, ms);
+  }
+
+  /** Show a GET /api/status answer in the header pill (model and active checkpoint). Every
+   * page that fetches the status passes it here, so the pill never lags behind the page. */
+  function showStatus(s) {
     const pill = document.getElementById("status-pill");
-    if (!pill) return;
+    if (!pill || !s || !s.model) return;
+    text(pill, `${s.model.model_path} · ${s.active_checkpoint}`);
+    pill.dataset.checkpoint = s.active_checkpoint;
+    pill.classList.toggle("warn", (s.warnings || []).length > 0);
+    pill.title = (s.warnings || []).join("\n") || "model and active checkpoint";
+    pillLater(s.training && s.training.running ? PILL_TRAINING_MS : PILL_IDLE_MS);
+  }
+
+  /** Fetch the status for the header pill. */
+  async function refreshPill() {
+    if (!document.getElementById("status-pill")) return;
+    if (document.hidden) { pillLater(PILL_IDLE_MS); return; }  // nobody is looking
     try {
-      const s = await api("GET", "/api/status");
-      text(pill, `${s.model.model_path} · ${s.active_checkpoint}`);
-      pill.classList.toggle("warn", (s.warnings || []).length > 0);
-      pill.title = (s.warnings || []).join("\n") || "model and active checkpoint";
-    } catch (e) { /* the page still works without it */ }
+      showStatus(await api("GET", "/api/status"));
+    } catch (e) {
+      pillLater(PILL_IDLE_MS);  // the page still works without it
+    }
   }
 
   function isTyping(target) {
@@ -120,7 +142,10 @@ const Reinf = (() => {
   }
 
   return {el, text, api, ApiError, describeError, toast, formatTime, formatNumber, pageData,
-          refreshPill, isTyping, csrf};
+          refreshPill, showStatus, isTyping, csrf};
 })();
 
 document.addEventListener("DOMContentLoaded", () => Reinf.refreshPill());
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden) Reinf.refreshPill();
+});

@@ -95,6 +95,7 @@
         api("GET", "/api/status"), api("GET", "/api/runs?limit=100"),
         api("GET", "/api/checkpoints"), api("GET", "/api/stats")]);
       renderStatus(status);
+      Reinf.showStatus(status);  // the header pill shows the same checkpoint as the card
       renderRuns(runs.runs);
       renderCheckpoints(checkpoints);
       renderCharts(stats);
@@ -110,8 +111,7 @@
       const result = await api("POST", "/api/rollback",
                                target === null ? {} : {checkpoint_id: target});
       toast(`Active checkpoint: ${result.active_checkpoint}`);
-      refresh();
-      Reinf.refreshPill();
+      refresh();  // the pill too
     } catch (err) { toast(describeError(err), "error"); }
   }
 
