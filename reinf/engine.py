@@ -231,9 +231,13 @@ class Engine:
 
     def build_prompt(self, history: Sequence[tuple[str, str]], message: str, *,
                      max_new_tokens: int | None = None) -> list[int]:
-        """Prompt ids for ``message`` after ``history``, trimmed to this model's context."""
+        """Prompt ids for ``message`` after ``history``, trimmed to this model's context;
+        ``max_history`` unset means as many turns as suit this model (resolve_max_history)."""
+        from reinf.modeling import resolve_max_history
+
         return build_prompt_ids(self.tokenizer, history, message,
-                                max_history=self.config.model.max_history,
+                                max_history=resolve_max_history(self.config.model.max_history,
+                                                                self.loaded.name),
                                 max_context_tokens=self.context_limit,
                                 max_new_tokens=max_new_tokens or
                                 self.config.generation.max_new_tokens)

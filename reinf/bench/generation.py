@@ -57,28 +57,51 @@ def build_shaped_model(tokenizer, dims: dict[str, Any] = QWEN25_05B, *, seed: in
 
 
 def build_random_adapter(model, out_dir: str | Path, *, r: int = 8, alpha: int = 16,
-                         target_modules: Sequence[str] = ("q_proj", "v_proj"), seed: int = 0,
+                         target_modules: str | Sequence[str] = "auto", seed: int = 0,
                          scale: float = 0.01) -> Path:
     """Write a random (non-zero) LoRA adapter for ``model`` in PEFT's format, without
-    touching the model: the shapes are read off its Linear layers."""
+    touching the model.
+
+    ``target_modules`` is a ``lora.target_modules`` setting (auto, all-linear or names),
+    resolved for this model as the trainer resolves it (``reinf.lora``), so any
+    architecture gets the adapter its training would make. Shapes are read off the chosen
+    layers: nn.Linear stores its weight as (out, in), transformers' Conv1D (GPT-2) as
+    (in, out), which the adapter's config records as ``fan_in_fan_out``.
+    """
     from peft import LoraConfig
     from safetensors.torch import save_file
+    from transformers.pytorch_utils import Conv1D
 
+    from reinf.lora import fan_in_fan_out, lora_targets, target_layers
+
+    targets = lora_targets(model, target_modules)
+    chosen = target_layers(model, targets)
+    base_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    modules = dict(base_model.named_modules())
     gen = torch.Generator().manual_seed(seed)
     weights = {}
-    for name, module in model.named_modules():
-        base = getattr(module, "base_layer", module)  # already wrapped by an adapter
-        if isinstance(base, torch.nn.Linear) and name.rsplit(".", 1)[-1] in target_modules:
-            key = f"base_model.model.{name}"
-            weights[f"{key}.lora_A.weight"] = torch.randn(r, base.in_features, generator=gen) \
-                * scale
-            weights[f"{key}.lora_B.weight"] = torch.randn(base.out_features, r, generator=gen) \
-                * scale
+    for name in sorted(chosen):
+        module = modules[name]
+        base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
+        if isinstance(base, Conv1D):
+            fan_in, fan_out = base.weight.shape            # (in, out)
+        elif isinstance(base, torch.nn.Linear) or hasattr(base, "in_features"):
+            fan_in, fan_out = base.in_features, base.out_features  # bitsandbytes' too
+        else:
+            raise ValueError(f"{name} is a {type(base).__name__}: random adapters cover "
+                             "Linear and Conv1D layers only")
+        key = f"base_model.model.{name}"
+        weights[f"{key}.lora_A.weight"] = torch.randn(r, fan_in, generator=gen) * scale
+        weights[f"{key}.lora_B.weight"] = torch.randn(fan_out, r, generator=gen) * scale
     if not weights:
-        raise ValueError(f"no Linear layers named {list(target_modules)} in the model")
+        raise ValueError(f"lora.target_modules {target_modules!r} selects no layer of the model")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(target_modules),
+    # Whole layer names where the targets are a pattern (all-linear, a regex), so the saved
+    # config selects exactly the layers that have weights.
+    names = list(targets) if isinstance(targets, (list, tuple)) else sorted(chosen)
+    LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=names,
+               fan_in_fan_out=fan_in_fan_out(model, targets),
                task_type="CAUSAL_LM").save_pretrained(str(out_dir))
     save_file(weights, str(out_dir / "adapter_model.safetensors"))
     return out_dir
@@ -283,7 +306,8 @@ def measure_swaps(engine, cfg: Config, swaps: int, reply, seed: int = 0) -> dict
         for i in range(swaps):
             path = build_random_adapter(engine.model, Path(tmp) / f"ckpt-{i}", r=cfg.lora.r,
                                         alpha=cfg.lora.alpha,
-                                        target_modules=cfg.lora.target_modules, seed=seed + i)
+                                        target_modules=cfg.lora.target_modules,
+                                        seed=seed + i)
             started = time.perf_counter()
             pause = engine.request_swap(f"speed-{i}", path)
             read_ms.append((time.perf_counter() - started) * 1000 - pause)

@@ -1,7 +1,8 @@
 """``reinf bench speed``: how fast the loop is, as ratios measured in one run.
 
 For each model (``demo``: the configured model; ``0.5b``: a randomly initialised model of
-Qwen2.5-0.5B's shape, saved to a temporary directory so the trainer child can load it), a
+Qwen2.5-0.5B's shape, saved to a temporary directory so the trainer child can load it; or
+any other ``model_path``: a local directory or hub id, any causal LM Reinf can serve), a
 fresh process (``python -m reinf.bench.speed``, so peak memory is that model's own) measures:
 
 1. generation: time to first token and tokens/s of the engine against a bare
@@ -35,7 +36,8 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any
 
-MODELS = ("demo", "0.5b")
+MODELS = ("demo", "0.5b")  # named models; anything else is a model_path
+LARGE_PARAMETERS = 100_000_000  # a model_path this big gets turns_large rated turns
 PAUSE_SECONDS = 0.1  # between replies while the round runs: a person reads; the trainer runs
 
 
@@ -47,17 +49,25 @@ def peak_rss(who: int = resource.RUSAGE_SELF) -> int:
 
 def run_speed(config, models: list[str], *, turns: int = 64, turns_large: int = 8,
               quick: bool = False, threads: int | None = None) -> dict[str, Any]:
-    """Measure each model in its own child process; returns the report (JSON-ready)."""
-    from reinf.errors import BadInput, ReinfError
+    """Measure each model in its own child process; returns the report (JSON-ready).
 
-    bad = [m for m in models if m not in MODELS]
-    if bad or not models:
-        raise BadInput(f"unknown model {bad[0] if bad else ''!r} for bench speed",
-                       fix="use --models demo, 0.5b or demo,0.5b")
+    ``models``: ``demo``, ``0.5b`` or model paths (see the module docstring). A model path
+    gets ``turns`` rated turns, or ``turns_large`` from ``LARGE_PARAMETERS`` parameters on.
+    """
+    from reinf.config import resolve_model_path
+    from reinf.errors import BadInput, ReinfError
+    from reinf.modeling import check_model_path
+
+    if not models:
+        raise BadInput("no model to measure", fix="use --models demo,0.5b or --model PATH")
+    for name in models:  # a missing directory fails here, before any child starts
+        if name not in MODELS:
+            check_model_path(resolve_model_path(config.replace(model_path=name)), config)
     results = []
     for name in models:
         argv = [sys.executable, "-m", "reinf.bench.speed", "--model", name, "--json",
-                "--turns", str(turns if name == "demo" else turns_large)]
+                "--turns", str(turns_large if name == "0.5b" else turns),
+                "--turns-large", str(turns_large)]
         argv += ["--quick"] * quick + (["--threads", str(threads)] if threads else [])
         argv += ["--config", config.source] if config.source else []
         env = dict(os.environ, HF_HUB_DISABLE_PROGRESS_BARS="1", REINF_HOME=str(config.data_dir))
@@ -73,8 +83,12 @@ def run_speed(config, models: list[str], *, turns: int = 64, turns_large: int = 
     return {"benchmark": "speed", "machine": machine(), "quick": quick, "models": results}
 
 
-def measure_model(config, name: str, *, turns: int, quick: bool) -> dict[str, Any]:
-    """Everything for one model, in this process (see the module docstring)."""
+def measure_model(config, name: str, *, turns: int, quick: bool,
+                  turns_large: int | None = None) -> dict[str, Any]:
+    """Everything for one model, in this process (see the module docstring): ``demo``,
+    ``0.5b`` or a model path. A model path of ``LARGE_PARAMETERS`` or more gets
+    ``turns_large`` rated turns (when given) instead of ``turns``."""
+    from reinf.config import resolve_model_path
     from reinf.modeling import load_model
     from reinf.bench.generation import machine, measure_generation
     from reinf.bench.training import measure_round
@@ -85,7 +99,13 @@ def measure_model(config, name: str, *, turns: int, quick: bool) -> dict[str, An
         if name == "0.5b":
             say("building a random Qwen2.5-0.5B-shaped model…")
             cfg = config.replace(model_path=save_shaped_model(config, Path(tmp) / "model"))
+        elif name not in MODELS:
+            # Absolute, so the trainer child finds it from its own data directory's config.
+            cfg = config.replace(model_path=resolve_model_path(config.replace(model_path=name)))
         loaded = load_model(cfg)
+        parameters = sum(p.numel() for p in loaded.model.parameters())
+        if name not in MODELS and turns_large and parameters >= LARGE_PARAMETERS:
+            turns = turns_large
         say("generation, batched sampling and swap pause…")
         gen = measure_generation(loaded, config=cfg, max_new_tokens=16 if quick else 32,
                                  repeats=1 if quick else 2, swaps=2 if quick else 3,
@@ -197,6 +217,12 @@ def measure_chat_during_round(cfg, loaded, home: Path, turns: int, *, new_tokens
             "train_threads": cfg.schedule.train_threads}
 
 
+def _label(r: dict) -> str:
+    """``demo: /path``, or only the path where a model path was measured."""
+    return r["model_name"] if r["model"] == r["model_name"] else \
+        f"{r['model']}: {r['model_name']}"
+
+
 def _gb(n: int | None) -> str:
     return "-" if n is None else f"{n / 1e9:.2f} GB"
 
@@ -212,7 +238,7 @@ def format_speed(report: dict) -> str:
                          r["ppo_round"], r["memory"])
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         lines += [
-            "", f"{r['model']}: {r['model_name']} ({r['parameters']:,} parameters)",
+            "", f"{_label(r)} ({r['parameters']:,} parameters)",
             f"  time to first token   engine {g['engine']['ttft_ms']:.1f} ms, model.generate "
             f"{g['generate']['ttft_ms']:.1f} ms: ratio {g['ratio']['ttft']:.2f}",
             f"  tokens/s              engine {g['engine']['tokens_per_s']:.1f}, model.generate "
@@ -241,8 +267,11 @@ def format_speed(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reinf.bench.speed",
                                      description="One model's part of `reinf bench speed`.")
-    parser.add_argument("--model", choices=MODELS, default="demo")
+    parser.add_argument("--model", default="demo",
+                        help="demo (the configured model), 0.5b, or a model_path")
     parser.add_argument("--turns", type=int, default=64)
+    parser.add_argument("--turns-large", type=int, default=0,
+                        help="rated turns for a model_path of 100M parameters or more")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--config")
@@ -256,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or config.schedule.train_threads
     if threads:
         torch.set_num_threads(threads)
-    result = measure_model(config, args.model, turns=args.turns, quick=args.quick)
+    result = measure_model(config, args.model, turns=args.turns, quick=args.quick,
+                           turns_large=args.turns_large or None)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2), flush=True)
     return 0
 

@@ -95,33 +95,48 @@ def learn(app, rater, ratings, train_after, seed, seeds, model_path, baselines, 
 
 @bench.command()
 @click.option("--models", default="demo,0.5b", show_default=True,
-              help="Comma-separated: demo (the configured model) and/or 0.5b (a random "
-                   "Qwen2.5-0.5B-shaped model).")
+              help="Comma-separated: demo (the configured model, model_path) and/or 0.5b (a "
+                   "random Qwen2.5-0.5B-shaped model); left out with --model unless given.")
+@click.option("--model", "model_paths", multiple=True, metavar="PATH",
+              help="Measure this model instead: a local directory or hub id, any causal LM "
+                   "(repeatable, or comma-separated).")
 @click.option("--turns", type=click.IntRange(2), default=64, show_default=True,
-              help="Rated turns of the PPO round (demo model).")
+              help="Rated turns of the PPO round (demo model and --model under 100M "
+                   "parameters).")
 @click.option("--turns-0.5b", "turns_large", type=click.IntRange(2), default=8,
-              show_default=True, help="Rated turns of the PPO round on the 0.5B shape (a "
-                                      "64-turn round takes about 14 minutes on 2 cores).")
-@click.option("--quick", is_flag=True, help="Small and fast: demo only unless --models says "
-                                            "otherwise, 16 turns, fewer repeats.")
+              show_default=True, help="Rated turns of the PPO round on the 0.5B shape and on "
+                                      "a --model of 100M parameters or more (a 64-turn round "
+                                      "on 0.5B takes about 14 minutes on 2 cores).")
+@click.option("--quick", is_flag=True, help="Small and fast: demo only unless --models or "
+                                            "--model says otherwise, 16 turns, fewer "
+                                            "repeats.")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch CPU threads [default: train_threads, else torch's own].")
 @json_option
 @click.pass_context
-def speed(ctx, models, turns, turns_large, quick, threads, as_json):
+def speed(ctx, models, model_paths, turns, turns_large, quick, threads, as_json):
     """Time to first token, tokens/s, batched rollout sampling, swap pause, PPO round time
     and memory, as ratios.
 
     Each model is measured in its own process, so peak memory is its own. Batched sampling is
     the trainer's rollout sampler at training.rollout_batch_size replies at once, in tokens/s
-    against the engine's single stream.
+    against the engine's single stream. The report names each model's path and parameter
+    count.
     """
-    from reinf.bench.speed import format_speed, run_speed
+    from reinf.bench.speed import MODELS, format_speed, run_speed
+    from reinf.errors import BadInput
 
     app = ctx.obj
-    if quick and ctx.get_parameter_source("models") == click.core.ParameterSource.DEFAULT:
-        models = "demo"
-    names = [m.strip() for m in models.split(",") if m.strip()]
+    paths = [p.strip() for value in model_paths for p in value.split(",") if p.strip()]
+    if ctx.get_parameter_source("models") == click.core.ParameterSource.DEFAULT:
+        models = "" if paths else "demo" if quick else models
+    named = [m.strip() for m in models.split(",") if m.strip()]
+    unknown = [m for m in named if m not in MODELS]
+    if unknown:
+        raise BadInput(f"unknown model {unknown[0]!r} for --models",
+                       fix="--models takes demo and/or 0.5b; measure another model with "
+                           f"--model {unknown[0]}")
+    names = named + paths
     report = run_speed(app.config, names, turns=16 if quick else turns,
                        turns_large=turns_large, quick=quick, threads=threads)
     emit(report, as_json, lambda r: click.echo(format_speed(r)))
