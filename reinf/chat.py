@@ -9,6 +9,12 @@ Context: a conversation's earlier turns are sent oldest first, the engine keeps 
 since that is what the person saw and answered; turns stopped before their first token
 (an empty reply) are left out, as an empty assistant message only confuses the model.
 
+System prompt: a conversation stores its own (``conversations.system_prompt``). A new one
+takes the ``system_prompt`` given with its first message, else the config's, copied then, so
+a later change of the config never rewrites what earlier turns were generated with. It can
+change only while the conversation has no turns. The engine puts it first in every prompt,
+so the stored prompt ids (what training replays) hold it.
+
 Messages to one conversation are handled one at a time (its history must include the
 previous turn); different conversations only queue at the engine. Thread-safe.
 """
@@ -19,7 +25,8 @@ from typing import Any, Iterator
 
 from reinf.config import Config
 from reinf.errors import BadInput
-from reinf.records import TurnRecord
+from reinf.records import ConversationRecord, TurnRecord
+from reinf.store import check_system_prompt
 
 GENERATION_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
 
@@ -94,16 +101,45 @@ class ChatService:
                            fix="shorten it, or raise max_message_chars")
         return message
 
+    def check_system_prompt(self, system_prompt: Any) -> str | None:
+        """None: not given; otherwise the text as stored ("" or blank: none)."""
+        if system_prompt is None:
+            return None
+        text = check_system_prompt(system_prompt) or ""
+        limit = self.config.server.max_message_chars
+        if len(text) > limit:
+            raise BadInput(f"the system prompt has {len(text)} characters; the limit is "
+                           f"{limit}", fix="shorten it, or raise max_message_chars",
+                           key="system_prompt")
+        return text
+
+    def update_conversation(self, conversation_id: int, *,
+                            system_prompt: str | None) -> ConversationRecord:
+        """Set a conversation's system prompt while it has no turns (Conflict after); waits
+        for a reply to it that is still running, which will have made a turn."""
+        text = self.check_system_prompt(system_prompt)
+        self.store.get_conversation(conversation_id)  # NotFound before waiting on a lock
+        self._acquire(conversation_id)
+        try:
+            return self.store.update_conversation(conversation_id, system_prompt=text)
+        finally:
+            self._release(conversation_id)
+
     def history(self, conversation_id: int) -> list[tuple[str, str]]:
         """(user, reply) pairs the engine sends as context, oldest first."""
         return [(t.user_message, t.reply) for t in self.store.conversation_turns(conversation_id)
                 if t.reply]
 
-    def stream(self, message: str, conversation_id: int | None = None,
-               **generation: Any) -> ChatStream:
+    def stream(self, message: str, conversation_id: int | None = None, *,
+               system_prompt: str | None = None, **generation: Any) -> ChatStream:
         """Start a reply. Bad input raises BadInput (or NotFound for an unknown
-        conversation) before anything is stored or generated."""
+        conversation) before anything is stored or generated.
+
+        ``system_prompt`` (None: not given): a new conversation's, instead of the config's
+        ("" for none). With ``conversation_id`` it must equal the conversation's, unless that
+        has no turns yet, when it replaces it (Conflict otherwise)."""
         message = self.check_message(message)
+        wanted = self.check_system_prompt(system_prompt)
         unknown = set(generation) - set(GENERATION_KEYS)
         if unknown:
             raise BadInput(f"unknown generation setting {sorted(unknown)[0]!r}",
@@ -114,12 +150,26 @@ class ChatService:
             self.store.get_conversation(conversation_id)  # NotFound before waiting on a lock
             self._acquire(conversation_id)
         try:
-            history = self.history(conversation_id) if conversation_id is not None else []
-            prompt_ids = self.engine.build_prompt(history, message,
-                                                  max_new_tokens=params["max_new_tokens"])
+            change = False
             if conversation_id is None:
-                conversation_id = self.store.create_conversation().id
+                system = check_system_prompt(self.config.generation.system_prompt
+                                             if wanted is None else wanted)
+                history = []
+            else:
+                conv = self.store.get_conversation(conversation_id)  # now that no reply runs
+                system, history = conv.system_prompt, self.history(conversation_id)
+                change = wanted is not None and (wanted or None) != system
+                if change and conv.turns:  # the store refuses it: Conflict
+                    self.store.update_conversation(conversation_id, system_prompt=wanted)
+                system = (wanted or None) if change else system
+            prompt_ids = self.engine.build_prompt(history, message,
+                                                  max_new_tokens=params["max_new_tokens"],
+                                                  system=system)
+            if conversation_id is None:
+                conversation_id = self.store.create_conversation(system_prompt=system).id
                 self._acquire(conversation_id)
+            elif change:  # still no turns: this lock is held
+                self.store.update_conversation(conversation_id, system_prompt=system)
             chat = ChatStream(self, conversation_id, message)
             chat._reply_stream = self.engine.stream_prompt(prompt_ids, params,
                                                            on_finish=chat._store)

@@ -72,10 +72,13 @@ class HttpBackend:
         name = model.get("model_name") or model.get("model_path", "?")
         return f"{name} via {self.url}, checkpoint {status.get('active_checkpoint', 'base')}"
 
-    def send_stream(self, message: str, conversation_id: int | None) -> "HttpReply":
+    def send_stream(self, message: str, conversation_id: int | None, *,
+                    system_prompt: str | None = None) -> "HttpReply":
         body: dict[str, Any] = {"message": message, "stream": True, **self.generation}
         if conversation_id is not None:
             body["conversation_id"] = conversation_id
+        if system_prompt is not None:
+            body["system_prompt"] = system_prompt
         response = self.request("POST", "/api/chat", body, stream=True,
                                 timeout=REPLY_TIMEOUT_SECONDS)
         return HttpReply(self, response)
@@ -91,6 +94,10 @@ class HttpBackend:
     def history(self, conversation_id: int, limit: int = 20) -> list[dict]:
         data = self.request("GET", f"/api/conversations/{int(conversation_id)}")
         return data["turns"][-limit:]
+
+    def conversation(self, conversation_id: int) -> dict:
+        """The conversation (``ConversationRecord.to_dict()``: turns, system_prompt, ...)."""
+        return self.request("GET", f"/api/conversations/{int(conversation_id)}")["conversation"]
 
     def new_conversation(self) -> int | None:
         return None  # the server creates it with its first message

@@ -85,6 +85,8 @@ class GenerationConfig:
     temperature: float = setting(0.8, "sampling temperature", min=0.01, max=5.0)
     top_p: float = setting(0.95, "nucleus sampling mass", min=0.01, max=1.0)
     max_new_tokens: int = setting(128, "longest reply, in tokens", min=1, max=32_768)
+    system_prompt: str | None = setting(None, "system message of new conversations (one may set "
+                                              "its own); null = none")
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@
 ``rollback(target)``, ``schedule_info()`` and ``notify_rating()``; the daemon does the rest:
 
 - **start-up** (``start``): rounds left ``running`` by a crash become failed
-  ("interrupted"), and the engine serves the active checkpoint, or its nearest complete
-  ancestor, or the base model, with a warning when it had to fall back;
+  ("interrupted"); a checkpoint directory a crash left without its row is recorded (not
+  active) or removed; and the engine serves the active checkpoint, or, when its files are
+  missing or do not load, its nearest ancestor that does, or the base model, with a
+  warning when it had to fall back;
 - **rounds** run in a child process (reinf.worker) on the schedule of reinf.scheduler;
   a round that succeeds (and so passed the promotion gate) is swapped into the engine
   between two replies;
@@ -34,7 +36,8 @@ from reinf.logs import log_path
 from reinf.scheduler import Scheduler, utcnow
 from reinf.worker import ChildRunner
 
-__all__ = ["Daemon", "INTERRUPTED", "choose_active", "is_loadable", "recover_runs"]
+__all__ = ["Daemon", "INTERRUPTED", "adopt_checkpoints", "choose_active", "is_loadable",
+           "recover_runs"]
 
 log = logging.getLogger("reinf.daemon")
 
@@ -80,6 +83,9 @@ class Daemon:
             if recovered:
                 log.warning("%s training run(s) left running by a previous server marked "
                             "failed", recovered)
+            for text in adopt_checkpoints(self.config, self.store):
+                self.warnings.append(text)
+                log.warning(text)
             self._load_active()
             self.scheduler.start()
             self.scheduler.add_every("reconcile", self.reconcile_seconds, self._reconcile)
@@ -279,41 +285,95 @@ def recover_runs(config, store, reason: str = INTERRUPTED) -> int | None:
         lock.release()
 
 
+def adopt_checkpoints(config, store) -> list[str]:
+    """Published checkpoint directories that have no row (a kill between a round's rename
+    and its store transaction): recorded as promoted but not active when complete and
+    their run is known, else removed (``checkpoints.adopt_stray``). Only when no round
+    holds the train lock: a live trainer may be between those two steps. Returns what to
+    tell the person."""
+    from reinf.training.checkpoints import adopt_stray, root_dir
+
+    lock = acquire_train_lock(config, trigger="start-up check")
+    if lock is None:
+        return []
+    try:
+        adopted, removed = adopt_stray(store, root_dir(config))
+    finally:
+        lock.release()
+    for path in removed:
+        log.info("removed %s: a checkpoint directory with no database row that cannot be "
+                 "recorded (incomplete, or its run is unknown)", path)
+    return [f"checkpoint {cid} was written but not recorded (its round was stopped between "
+            f"the two); it is listed now but not active: `reinf rollback {cid}` serves it"
+            for cid in adopted]
+
+
 def choose_active(store) -> tuple[Any, list[str]]:
     """The checkpoint to serve: the active one if complete, else its nearest complete
     ancestor, else None (the base). A fallback is written back to the store."""
     active = store.active_checkpoint()
-    candidate, seen, warnings = active, set(), []
-    while candidate is not None and not (candidate.status == "promoted"
-                                         and is_loadable(candidate.path)):
-        warnings.append(f"checkpoint {candidate.id} is missing or incomplete at "
-                        f"{candidate.path}")
-        seen.add(candidate.id)
-        parent = candidate.parent_id
-        candidate = None
-        if parent and parent not in seen:
-            try:
-                candidate = store.get_checkpoint(parent)
-            except NotFound:
-                candidate = None
+    warnings: list[str] = []
+    candidate = _nearest_complete(store, active, warnings, set())
     if active is not None and (candidate is None or candidate.id != active.id):
         store.activate_checkpoint(candidate.id if candidate else None)
-        warnings[-1] += f"; serving {candidate.id if candidate else 'the base model'} instead"
+        warnings[-1] += f"; serving {_name(candidate, active)} instead"
     return candidate, warnings
 
 
+def _nearest_complete(store, record, warnings: list[str], seen: set[str]):
+    """``record`` if it is promoted and complete, else its nearest ancestor (parent_id,
+    parent's parent, ...) that is; None when none is (the base model)."""
+    while record is not None and not (record.status == "promoted"
+                                      and is_loadable(record.path)):
+        warnings.append(f"checkpoint {record.id} is missing or incomplete at {record.path}")
+        seen.add(record.id)
+        parent = record.parent_id
+        record = None
+        if parent and parent not in seen:
+            try:
+                record = store.get_checkpoint(parent)
+            except NotFound:
+                record = None
+    return record
+
+
+def _name(record, start) -> str:
+    if record is None:
+        return "the base model"
+    return f"{record.id}, the nearest intact ancestor of {start.id}"
+
+
 def serve_active(engine, store) -> list[str]:
-    """Make ``engine`` serve the store's active checkpoint (or its nearest complete
-    ancestor, or the base model); returns what went wrong, as warnings. The server calls
-    this at start-up, and so does ``reinf chat`` when it runs the model itself."""
+    """Make ``engine`` serve the store's active checkpoint, or, when its files are missing
+    or cannot be loaded (a truncated adapter, a garbled adapter_config.json), its nearest
+    ancestor that loads, or the base model; the fallback is recorded as active and said in
+    the returned warnings. The server calls this at start-up, and so does ``reinf chat``
+    when it runs the model itself."""
+    active = store.active_checkpoint()
     record, warnings = choose_active(store)
-    target = record.id if record else None
-    if engine.active_checkpoint_id == target:
-        return warnings
-    try:
-        engine.request_swap(target, record.path if record else None)
-    except Exception as exc:  # noqa: BLE001 - serve the base rather than nothing
-        warnings.append(f"checkpoint {target} could not be loaded ({exc}); serving the base "
-                        "model")
-        store.activate_checkpoint(None)
-    return warnings
+    seen: set[str] = set()
+    while True:
+        target = record.id if record else None
+        if engine.active_checkpoint_id == target:
+            return warnings
+        try:
+            engine.request_swap(target, record.path if record else None)
+            return warnings
+        except Exception as exc:  # noqa: BLE001 - serve an ancestor rather than nothing
+            text = exc.message if isinstance(exc, ReinfError) else f"{type(exc).__name__}: {exc}"
+            if record is None:
+                warnings.append(f"the base model could not be switched to ({text})")
+                return warnings
+            seen.add(record.id)
+            failed, parent = record, None
+            if record.parent_id and record.parent_id not in seen:
+                try:
+                    parent = store.get_checkpoint(record.parent_id)
+                except NotFound:
+                    parent = None
+            notes: list[str] = []
+            record = _nearest_complete(store, parent, notes, seen)
+            store.activate_checkpoint(record.id if record else None)
+            warnings.append(f"checkpoint {failed.id} could not be loaded ({text}); serving "
+                            f"{_name(record, active or failed)} instead")
+            warnings.extend(notes)

@@ -230,26 +230,30 @@ class Engine:
         return params
 
     def build_prompt(self, history: Sequence[tuple[str, str]], message: str, *,
-                     max_new_tokens: int | None = None) -> list[int]:
+                     max_new_tokens: int | None = None, system: str | None = None) -> list[int]:
         """Prompt ids for ``message`` after ``history``, trimmed to this model's context;
-        ``max_history`` unset means as many turns as suit this model (resolve_max_history)."""
+        ``max_history`` unset means as many turns as suit this model (resolve_max_history).
+        ``system`` is the system prompt, sent first (None: none; never the config's here:
+        a conversation snapshots that when it starts, see ChatService)."""
         from reinf.modeling import resolve_max_history
 
         return build_prompt_ids(self.tokenizer, history, message,
                                 max_history=resolve_max_history(self.config.model.max_history,
-                                                                self.loaded.name),
+                                                                self.model_name),
                                 max_context_tokens=self.context_limit,
                                 max_new_tokens=max_new_tokens or
-                                self.config.generation.max_new_tokens)
+                                self.config.generation.max_new_tokens, system=system)
 
     def stream(self, history: Sequence[tuple[str, str]], message: str, *,
                temperature: float | None = None, top_p: float | None = None,
                max_new_tokens: int | None = None, seed: int | None = None,
-               on_finish=None) -> ReplyStream:
-        """Start a reply to ``message``; iterate the stream for text deltas."""
+               system: str | None = None, on_finish=None) -> ReplyStream:
+        """Start a reply to ``message`` (after ``system``, the system prompt, if any);
+        iterate the stream for text deltas."""
         params = self.generation_params(temperature=temperature, top_p=top_p,
                                         max_new_tokens=max_new_tokens, seed=seed)
-        prompt_ids = self.build_prompt(history, message, max_new_tokens=params["max_new_tokens"])
+        prompt_ids = self.build_prompt(history, message, max_new_tokens=params["max_new_tokens"],
+                                       system=system)
         return self.stream_prompt(prompt_ids, params, on_finish=on_finish)
 
     def stream_prompt(self, prompt_ids: Sequence[int], params: dict[str, Any], *,

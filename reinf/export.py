@@ -7,7 +7,8 @@ Formats, one JSON object per line:
 - ``kto``: TRL's unpaired preference format, ``{"prompt": [...], "completion": [...],
   "label": bool}``; 4-5 are desirable, 1-2 undesirable, 3 is dropped.
 
-The context of a turn is the earlier turns of its conversation that still exist.
+The context of a turn is its conversation's system prompt, if it has one, then the earlier
+turns of its conversation that still exist.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ FORMATS = ("raw", "sft", "kto")
 
 def _context(turns_by_conv: dict[int, list[TurnRecord]], turn: TurnRecord) -> list[dict]:
     messages: list[dict[str, str]] = []
+    if turn.system_prompt:  # the model saw it first; other tools should too
+        messages.append({"role": "system", "content": turn.system_prompt})
     for earlier in turns_by_conv.get(turn.conversation_id, []):
         if earlier.index >= turn.index:
             break

@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import logging
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -251,9 +252,10 @@ def get_context_limit(model, tokenizer, max_context_tokens: int = 0) -> int:
 
 def build_prompt_ids(tokenizer, history: Sequence[tuple[str, str]], message: str, *,
                      max_history: int, max_context_tokens: int,
-                     max_new_tokens: int) -> list[int]:
+                     max_new_tokens: int, system: str | None = None) -> list[int]:
     """Prompt token ids for ``message`` after ``history`` (``[(user, reply), ...]``, oldest
     first), through the tokenizer's chat template, ending with the assistant header.
+    ``system`` (the conversation's system prompt) comes first and is never trimmed.
 
     Only the last ``max_history`` turns are sent. Then the oldest turns are dropped until
     prompt + ``max_new_tokens`` fits ``max_context_tokens`` (0: the tokenizer's own limit).
@@ -264,7 +266,7 @@ def build_prompt_ids(tokenizer, history: Sequence[tuple[str, str]], message: str
     limit = max_context_tokens or get_context_limit(None, tokenizer)
     turns = list(history)[-max_history:] if max_history > 0 else []
     while True:
-        ids = render_chat(tokenizer, turns, message)
+        ids = render_chat(tokenizer, turns, message, system=system)
         if len(ids) + max_new_tokens <= limit:
             return ids
         if not turns:
@@ -274,15 +276,68 @@ def build_prompt_ids(tokenizer, history: Sequence[tuple[str, str]], message: str
     if room <= 0:
         raise BadInput(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the "
                        f"model's context of {limit} tokens", fix="lower max_new_tokens")
+    if system:
+        raise BadInput(f"system prompt and message too long for the model's context: "
+                       f"{len(ids)} tokens, limit {room}",
+                       fix="shorten the message or the system prompt (or lower max_new_tokens)")
     raise BadInput(f"message too long for the model's context: {len(ids)} tokens, limit "
                    f"{room}", fix="shorten the message (or lower max_new_tokens)")
 
 
-def render_chat(tokenizer, turns: Sequence[tuple[str, str]], message: str) -> list[int]:
+# Tokenizers whose chat template refuses a system message, so the system prompt is folded
+# into the first user message (logged once per tokenizer); ids of any that cannot be weakly
+# referenced or hashed.
+_FOLDS_SYSTEM: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_FOLDS_SYSTEM_IDS: set[int] = set()
+
+
+def _folds_system(tokenizer, add: bool = False) -> bool:
+    try:
+        if add:
+            _FOLDS_SYSTEM.add(tokenizer)
+        return tokenizer in _FOLDS_SYSTEM
+    except TypeError:
+        if add:
+            _FOLDS_SYSTEM_IDS.add(id(tokenizer))
+        return id(tokenizer) in _FOLDS_SYSTEM_IDS
+
+
+def render_chat(tokenizer, turns: Sequence[tuple[str, str]], message: str, *,
+                system: str | None = None) -> list[int]:
+    """The chat template's ids for ``system``, ``turns`` and the new ``message``, ending with
+    the assistant header.
+
+    ``system`` goes in as a system message. A template that refuses one (Gemma's raises
+    "System role not supported"; early Mistral's ``[INST]`` templates insist that user and
+    assistant alternate) gets it folded into the first user message instead,
+    ``"{system}\n\n{user}"``, so the model still reads it; the log says so once per
+    tokenizer.
+    """
+    from jinja2.exceptions import TemplateError
+
     messages = []
     for user, reply in turns:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
     messages.append({"role": "user", "content": message})
+    if not system:
+        return _apply_template(tokenizer, messages)
+    refusal = None
+    if not _folds_system(tokenizer):
+        try:
+            return _apply_template(tokenizer, [{"role": "system", "content": system}, *messages])
+        except TemplateError as exc:
+            refusal = exc
+    messages[0] = {"role": "user", "content": f"{system}\n\n{messages[0]['content']}"}
+    ids = _apply_template(tokenizer, messages)  # a template that refuses this too: raised
+    if refusal is not None:
+        _folds_system(tokenizer, add=True)
+        log.info("the chat template of %s refuses a system message (%s); the system prompt "
+                 "goes at the start of the first user message instead",
+                 getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__, refusal)
+    return ids
+
+
+def _apply_template(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     extra = {"sanitize_control_tokens": True} if _can_sanitize(type(tokenizer)) else {}
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                         return_dict=True, **extra)

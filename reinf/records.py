@@ -51,6 +51,7 @@ class TurnRecord:
     logprobs: list[float] = field(repr=False)
     rating: RatingRecord | None = None
     user_id: str = "local"
+    system_prompt: str | None = None   # the conversation's, which the prompt starts with
 
     def to_dict(self, tokens: bool = False) -> dict[str, Any]:
         out = {"turn_id": self.id, "conversation_id": self.conversation_id, "index": self.index,
@@ -59,7 +60,8 @@ class TurnRecord:
                "model": self.model, "reply_tokens": len(self.reply_ids),
                "ttft_ms": self.ttft_ms, "latency_ms": self.latency_ms,
                "interrupted": self.interrupted,
-               "rating": self.rating.to_dict() if self.rating else None}
+               "rating": self.rating.to_dict() if self.rating else None,
+               "system_prompt": self.system_prompt}
         if tokens:
             out.update(prompt_ids=self.prompt_ids, reply_ids=self.reply_ids,
                        logprobs=self.logprobs, gen_params=self.gen_params)
@@ -74,11 +76,12 @@ class ConversationRecord:
     created_at: datetime
     updated_at: datetime
     turns: int
+    system_prompt: str | None = None   # None: the conversation has none
 
     def to_dict(self) -> dict[str, Any]:
         return {"conversation_id": self.id, "title": self.title, "user_id": self.user_id,
                 "created_at": iso(self.created_at), "updated_at": iso(self.updated_at),
-                "turns": self.turns}
+                "turns": self.turns, "system_prompt": self.system_prompt}
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,10 @@ class ReplyHandle(Protocol):
 
 class Backend(Protocol):
     def describe(self) -> str: ...                    # one line: model and checkpoint
-    def send_stream(self, message: str, conversation_id: int | None) -> ReplyHandle: ...
+    # system_prompt (only passed when given): a new conversation's; with conversation_id it
+    # must be that conversation's, unless it has no turns yet (then it replaces it)
+    def send_stream(self, message: str, conversation_id: int | None, *,
+                    system_prompt: str | None = None) -> ReplyHandle: ...
     def rate(self, turn_id: int, score: int, tags: list[str]) -> dict: ...
     def undo(self, turn_id: int | None = None) -> dict | None: ...   # the removed rating
     def history(self, conversation_id: int, limit: int = 20) -> list[dict]: ...  # oldest first
@@ -75,8 +78,10 @@ class LocalBackend:
         return (f"{d['model_name']} on {d['device_in_use']} ({d['dtype']}), "
                 f"checkpoint {d['active_checkpoint']}")
 
-    def send_stream(self, message: str, conversation_id: int | None) -> ReplyHandle:
-        return _LocalHandle(self.service.stream(message, conversation_id))
+    def send_stream(self, message: str, conversation_id: int | None, *,
+                    system_prompt: str | None = None) -> ReplyHandle:
+        return _LocalHandle(self.service.stream(message, conversation_id,
+                                                system_prompt=system_prompt))
 
     def rate(self, turn_id: int, score: int, tags: list[str]) -> dict:
         return self.store.rate(turn_id, score, tags=tags).to_dict()
@@ -104,9 +109,11 @@ class Repl:
     QUIT = object()
 
     def __init__(self, backend: Backend, *, conversation_id: int | None = None,
-                 read: Callable[[str], str] = input, out: TextIO | None = None):
+                 system_prompt: str | None = None, read: Callable[[str], str] = input,
+                 out: TextIO | None = None):
         self.backend = backend
         self.conversation_id = conversation_id
+        self.system_prompt = system_prompt  # of the conversations this session starts
         self.read = read
         self.out = out or sys.stdout
         self.last_turn: dict | None = None
@@ -121,6 +128,8 @@ class Repl:
         self.say("Rate each reply 1-5 (Enter skips). /help for commands, Ctrl-D to leave.")
         if self.conversation_id is not None:
             self.say(f"continuing conversation {self.conversation_id}")
+        if self.system_prompt is not None:
+            self.say(f"system prompt: {_clip(self.system_prompt) or '(none)'}")
         while True:
             try:
                 line = self.read(USER_PROMPT)
@@ -147,7 +156,9 @@ class Repl:
             # Building the prompt or waiting for the server can take a moment; a Ctrl-C
             # then is held until the reply exists and stops it, as one after a token does.
             with held_interrupt() as pressed:
-                handle = self.backend.send_stream(message, self.conversation_id)
+                extra = {} if self.system_prompt is None else \
+                    {"system_prompt": self.system_prompt}
+                handle = self.backend.send_stream(message, self.conversation_id, **extra)
         except KeyboardInterrupt:  # pressed twice while it was starting
             self.say("\n[stopped before the reply started]")
             return None

@@ -61,6 +61,9 @@ class Conversation(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, nullable=False)
     title: Mapped[str] = mapped_column(String(200), default="", nullable=False)
     user_id: Mapped[str] = mapped_column(String(100), default="local", nullable=False)
+    # The system message every turn's prompt starts with; None = none. Fixed once the
+    # conversation has a turn, since the turns' prompt tokens hold it.
+    system_prompt: Mapped[str | None] = mapped_column(Text)
     turns: Mapped[list["Turn"]] = relationship(back_populates="conversation",
                                                cascade="all, delete-orphan",
                                                passive_deletes=True, order_by="Turn.index")

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, selectinload
 
 from reinf import db
-from reinf.errors import BadInput, NotFound, StoreError
+from reinf.errors import BadInput, Conflict, NotFound, StoreError
 from reinf.records import (CheckpointRecord, ConversationRecord, RatingRecord, RunRecord, Sample,
                            TurnRecord)
 from reinf.schema import (Checkpoint, Conversation, Rating, TrainingRun, Turn, pack_floats,
@@ -56,6 +56,17 @@ def check_text(value: str, name: str) -> str:
     return value
 
 
+def check_system_prompt(value: Any) -> str | None:
+    """A system prompt as stored: the text without surrounding whitespace; None (or blank)
+    means none."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadInput(f"the system prompt must be text, got {type(value).__name__}",
+                       key="system_prompt")
+    return check_text(value.strip(), "the system prompt") or None
+
+
 def title_of(message: str) -> str:
     """A conversation's title, derived from its first message."""
     return " ".join(message.split())[:60]
@@ -81,21 +92,25 @@ def check_tags(tags: Any) -> list[str]:
 
 
 class Store:
-    def __init__(self, url: str, *, busy_timeout_ms: int = 15_000, migrate: bool = True):
+    def __init__(self, url: str, *, busy_timeout_ms: int = 15_000, migrate: bool = True,
+                 check: bool = True):
         self.url = url
         self.engine = db.create_db_engine(url, busy_timeout_ms)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
-        if migrate:
-            try:
+        try:
+            if check:  # damaged, locked by another program: one clear error, before migrating
+                db.check_database(self.engine)
+            if migrate:
                 db.upgrade(self.engine)
-            except BaseException:
-                self.engine.dispose()  # a failed start-up leaves no connection open
-                raise
+        except BaseException:
+            self.engine.dispose()  # a failed start-up leaves no connection open
+            raise
 
     @classmethod
     def open(cls, config, *, migrate: bool = True) -> "Store":
-        """The store for a config: creates the data dir and brings the schema up to date."""
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        """The store for a config: creates the data dir, checks the database (SQLite:
+        ``PRAGMA quick_check``) and brings the schema up to date."""
+        db.check_directory(config.data_dir)
         return cls(config.db_url, busy_timeout_ms=config.storage.busy_timeout_ms, migrate=migrate)
 
     def close(self) -> None:
@@ -117,13 +132,36 @@ class Store:
 
     # --- conversations ----------------------------------------------------------------
 
-    def create_conversation(self, title: str = "", user_id: str = "local") -> ConversationRecord:
+    def create_conversation(self, title: str = "", user_id: str = "local", *,
+                            system_prompt: str | None = None) -> ConversationRecord:
+        """A new conversation; ``system_prompt`` is stored as given (None: it has none)."""
         check_text(title, "the title")
         check_text(user_id or "", "the user id")
+        system_prompt = check_system_prompt(system_prompt)
         with self._session(write=True) as s:
-            conv = Conversation(title=title[:200], user_id=user_id or "local")
+            conv = Conversation(title=title[:200], user_id=user_id or "local",
+                                system_prompt=system_prompt)
             s.add(conv)
             s.flush()
+            return _conversation(conv, 0)
+
+    def update_conversation(self, conversation_id: int, *,
+                            system_prompt: str | None) -> ConversationRecord:
+        """Set a conversation's system prompt (None or blank: none), only while it has no
+        turns: their prompt tokens hold the one they were generated with (Conflict after)."""
+        system_prompt = check_system_prompt(system_prompt)
+        with self._session(write=True) as s:
+            conv = s.get(Conversation, conversation_id, with_for_update=True)
+            if conv is None:
+                raise NotFound(f"no conversation {conversation_id}",
+                               fix="list them with `reinf history`")
+            n = s.scalar(select(func.count()).where(Turn.conversation_id == conversation_id))
+            if n:
+                raise Conflict(f"conversation {conversation_id} already has {n} "
+                               f"turn{'s' if n != 1 else ''}; its system prompt is fixed",
+                               fix="start a new conversation with the system prompt you want",
+                               key="system_prompt")
+            conv.system_prompt = system_prompt
             return _conversation(conv, 0)
 
     def get_conversation(self, conversation_id: int) -> ConversationRecord:
@@ -423,6 +461,28 @@ class Store:
             s.flush()
             return _checkpoint(ckpt)
 
+    def promote(self, run_id: int, checkpoint_id: str, path: str, *, parent_id: str | None,
+                metrics: dict, samples: int) -> CheckpointRecord:
+        """A round's end, in one transaction: record its checkpoint, make it the active one
+        and finish the run as succeeded. A kill part-way leaves none of it (the run stays
+        ``running`` and is marked interrupted at the next start), never an active
+        checkpoint whose run is not finished."""
+        with self._session(write=True) as s:
+            run = s.get(TrainingRun, run_id)
+            if run is None:
+                raise NotFound(f"no training run {run_id}")
+            ckpt = Checkpoint(id=checkpoint_id, path=str(path), parent_id=parent_id,
+                              run_id=run_id, metrics=metrics or {}, status="promoted")
+            s.add(ckpt)
+            s.execute(update(Checkpoint).where(Checkpoint.active.is_(True))
+                      .values(active=False))
+            ckpt.active = True
+            run.status, run.error, run.finished_at = "succeeded", None, utcnow()
+            run.metrics, run.samples, run.checkpoint_id = dict(metrics or {}), samples, \
+                checkpoint_id
+            s.flush()
+            return _checkpoint(ckpt)
+
     def activate_checkpoint(self, checkpoint_id: str | None) -> CheckpointRecord | None:
         """Make ``checkpoint_id`` the active adapter; None means the bare base model."""
         with self._session(write=True) as s:
@@ -489,7 +549,8 @@ def _tag_may_match(tag: str):
 # --- ORM -> record ------------------------------------------------------------------------
 
 def _conversation(c: Conversation, n: int) -> ConversationRecord:
-    return ConversationRecord(c.id, c.title, c.user_id, c.created_at, c.updated_at, n)
+    return ConversationRecord(c.id, c.title, c.user_id, c.created_at, c.updated_at, n,
+                              c.system_prompt)
 
 
 def _rating(r: Rating) -> RatingRecord:
@@ -506,7 +567,8 @@ def _turn(t: Turn, user_id: str | None = None) -> TurnRecord:
         context_forgotten=bool(t.context_forgotten), prompt_ids=unpack_ids(t.prompt_ids),
         reply_ids=unpack_ids(t.reply_ids), logprobs=unpack_floats(t.logprobs),
         rating=_rating(t.rating) if t.rating else None,
-        user_id=user_id or (t.conversation.user_id if t.conversation else "local"))
+        user_id=user_id or (t.conversation.user_id if t.conversation else "local"),
+        system_prompt=t.conversation.system_prompt if t.conversation else None)
 
 
 def _run(r: TrainingRun) -> RunRecord:

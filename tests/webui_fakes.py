@@ -89,6 +89,7 @@ class FakeChatService:
         self.checkpoint_id: str | None = None
         self.finished: list = []
         self.calls: list[tuple[str, int | None, dict]] = []
+        self.system_prompts: list[str | None] = []   # as given to each stream()
 
     def reply_pieces(self, message: str, gen: dict) -> list[str]:
         words = ("echo: " + message).split(" ")
@@ -96,13 +97,21 @@ class FakeChatService:
         limit = gen.get("max_new_tokens")
         return pieces[:limit] if limit else pieces
 
-    def stream(self, message: str, conversation_id: int | None = None, **gen) -> FakeStream:
+    def stream(self, message: str, conversation_id: int | None = None, *,
+               system_prompt: str | None = None, **gen) -> FakeStream:
         self.calls.append((message, conversation_id, gen))
-        if conversation_id is None:
-            conversation_id = self.store.create_conversation().id
+        self.system_prompts.append(system_prompt)
+        if conversation_id is None:  # as ChatService, less the config's default
+            conversation_id = self.store.create_conversation(system_prompt=system_prompt).id
         else:
-            self.store.get_conversation(conversation_id)
+            conv = self.store.get_conversation(conversation_id)
+            if system_prompt is not None and (system_prompt.strip() or None) != \
+                    conv.system_prompt:  # Conflict once it has turns
+                self.store.update_conversation(conversation_id, system_prompt=system_prompt)
         return FakeStream(self, message, conversation_id, gen)
+
+    def update_conversation(self, conversation_id: int, *, system_prompt: str | None):
+        return self.store.update_conversation(conversation_id, system_prompt=system_prompt)
 
     def send(self, message: str, conversation_id: int | None = None, **gen):
         stream = self.stream(message, conversation_id, **gen)

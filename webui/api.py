@@ -15,7 +15,9 @@ from webui.streaming import SSE_HEADERS, Relay, sse
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
-CHAT_FIELDS = {"message", "conversation_id", "stream", "temperature", "top_p", "max_new_tokens"}
+CHAT_FIELDS = {"message", "conversation_id", "stream", "temperature", "top_p", "max_new_tokens",
+               "system_prompt"}
+CONVERSATION_FIELDS = {"system_prompt"}
 RATING_FIELDS = {"score", "tags", "comment", "critical"}
 
 
@@ -67,6 +69,9 @@ def chat():
     if not isinstance(stream, bool):
         raise BadInput("'stream' must be true or false", key="stream")
     gen = generation_args(body, runtime.config)
+    system_prompt = read_system_prompt(body, runtime.config)
+    if system_prompt is not None:  # else a new conversation takes the config's
+        gen["system_prompt"] = system_prompt
     service = runtime.require_chat()
     if conversation_id is not None:
         runtime.store.get_conversation(conversation_id)  # 404 before anything starts
@@ -172,6 +177,29 @@ def conversation(conversation_ref: str):
     record = runtime.store.get_conversation(conversation_id)
     turns = runtime.store.conversation_turns(conversation_id)
     return jsonify({"conversation": record.to_dict(), "turns": [t.to_dict() for t in turns]})
+
+
+@bp.route("/conversations/<conversation_ref>", methods=["PUT", "PATCH"])
+def update_conversation(conversation_ref: str):
+    """``{system_prompt}`` ("" or null: none), only while the conversation has no turns."""
+    runtime = get_runtime()
+    conversation_id = get_id(conversation_ref, "conversation_id")
+    body = read_json(CONVERSATION_FIELDS, required=())
+    if "system_prompt" not in body:
+        raise BadInput("nothing to change", key="system_prompt",
+                       fix='send {"system_prompt": "..."}')
+    text = read_system_prompt(body, runtime.config) or ""
+    if runtime.chat is not None:  # waits for a reply to it that is still running
+        record = runtime.chat.update_conversation(conversation_id, system_prompt=text)
+    else:
+        record = runtime.store.update_conversation(conversation_id, system_prompt=text)
+    return jsonify({"conversation": record.to_dict()})
+
+
+def read_system_prompt(body, config) -> str | None:
+    """A request's ``system_prompt`` (at most max_message_chars); None when absent or null."""
+    return get_text(body, "system_prompt", max_chars=config.server.max_message_chars,
+                    required=False, config_key="max_message_chars")
 
 
 @bp.delete("/conversations/<conversation_ref>")

@@ -58,6 +58,26 @@ def suggested_tags(config: Config) -> list[str]:
     return tags
 
 
+def _name_the_size_limit(app: Flask) -> None:
+    """A body over ``max_request_bytes`` is a 413 whose JSON names that setting (``key``,
+    ``param`` under /v1), as other limits name theirs; whether the Guard refused it by its
+    Content-Length or werkzeug while reading a chunked body."""
+    from werkzeug.exceptions import RequestEntityTooLarge
+
+    from webui.errors import describe_http_error, render_error
+    from webui.security import Refused
+
+    @app.errorhandler(Refused)
+    def _refused(exc: Refused):
+        key = exc.key or ("max_request_bytes" if exc.status == 413 else None)
+        return render_error(exc.status, exc.message, fix=exc.fix, key=key, headers=exc.headers)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def _too_large(exc: RequestEntityTooLarge):
+        message, fix = describe_http_error(exc)
+        return render_error(413, message, fix=fix, key="max_request_bytes")
+
+
 def create_app(config: Config, *, daemon, store=None, chat=None, engine=None) -> Flask:
     """The web UI and API around ``daemon`` (a reinf.daemon.Daemon: "Train now", rollback
     and the schedule go to it), ``store`` (opened from config if None) and ``chat`` (a
@@ -76,6 +96,7 @@ def create_app(config: Config, *, daemon, store=None, chat=None, engine=None) ->
     app.extensions["reinf"] = runtime
     install_security(app, guard)
     install_error_handlers(app)
+    _name_the_size_limit(app)
 
     app.register_blueprint(api.bp)
     app.register_blueprint(training.bp)

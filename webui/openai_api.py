@@ -11,8 +11,12 @@ do), that conversation is continued; otherwise a new conversation is created hol
 those pairs as imported turns (model ``client-history``; never trained on, since they
 have no tokens), so the model sees the same history. A ``conversation_id`` field, or the
 ``X-Reinf-Conversation`` header, continues that conversation directly. ``user`` becomes
-the conversation's user id. System messages are ignored (the engine has no system
-prompt). Fields OpenAI defines but Reinf does not use (stop, seed, penalties, ...) are
+the conversation's user id. ``system`` and ``developer`` messages, wherever they stand,
+joined by blank lines, are the conversation's system prompt: a new conversation gets it
+(without any, the config's ``system_prompt``); a matching stored conversation is continued
+only if its own is the same (any, when the request has none); an explicit one whose own
+differs takes the request's while it has no turns, else the request gets 409.
+Fields OpenAI defines but Reinf does not use (stop, seed, penalties, ...) are
 ignored; ``n`` other than 1, tools and non-text content are refused with 400.
 
 Streaming: the turn id is known only once the reply is stored, so the final chunk (the
@@ -29,13 +33,14 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from reinf.errors import BadInput, NotFound, ReinfError
+from reinf.store import check_system_prompt
 from webui.params import get_id, get_number, read_json
 from webui.runtime import get_runtime
 from webui.streaming import SSE_HEADERS, Relay
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
-IGNORED_ROLES = {"system", "developer"}
+SYSTEM_ROLES = {"system", "developer"}
 CREATED = int(time.time())
 MATCH_WINDOW = 200  # recent turns searched for a conversation to continue
 
@@ -85,12 +90,14 @@ def message_text(message: Any, i: int) -> str:
                    key="messages")
 
 
-def split_messages(messages: Any) -> tuple[list[tuple[str, str]], str]:
-    """OpenAI messages -> ([(user, assistant), ...] oldest first, the new user message)."""
+def split_messages(messages: Any) -> tuple[list[tuple[str, str]], str, str | None]:
+    """OpenAI messages -> ([(user, assistant), ...] oldest first, the new user message, the
+    system prompt: the system and developer messages joined by blank lines, None if none)."""
     if not isinstance(messages, list) or not messages:
         raise BadInput("'messages' must be a non-empty list", key="messages",
                        fix='e.g. [{"role": "user", "content": "hello"}]')
     pairs: list[tuple[str, str]] = []
+    system: list[str] = []
     pending: str | None = None
     last_role = None
     for i, message in enumerate(messages):
@@ -99,7 +106,8 @@ def split_messages(messages: Any) -> tuple[list[tuple[str, str]], str]:
         if not isinstance(role, str):
             raise BadInput(f"messages[{i}].role must be a string: user, assistant or system",
                            key="messages")
-        if role in IGNORED_ROLES:
+        if role in SYSTEM_ROLES:
+            system.append(text)
             continue
         if role == "user":
             pending = text if pending is None else pending + "\n\n" + text
@@ -112,13 +120,15 @@ def split_messages(messages: Any) -> tuple[list[tuple[str, str]], str]:
         last_role = role
     if last_role != "user" or pending is None or not pending.strip():
         raise BadInput("the last message must be a non-empty user message", key="messages")
-    return pairs, pending
+    return pairs, pending, "\n\n".join(t for t in system if t.strip()) if system else None
 
 
 def resolve_conversation(store, pairs: list[tuple[str, str]], user: str | None,
-                         explicit: int | None) -> tuple[int, bool]:
+                         explicit: int | None, system: str | None,
+                         default_system: str | None = None) -> tuple[int, bool]:
     """The conversation a completion belongs to (see the module docstring), and whether it
-    was created for this request."""
+    was created for this request. ``system``: the request's system prompt (None: it sent
+    none; a new conversation then takes ``default_system``, the config's)."""
     if explicit is not None:
         store.get_conversation(explicit)
         return explicit, False
@@ -132,9 +142,11 @@ def resolve_conversation(store, pairs: list[tuple[str, str]], user: str | None,
             seen.add(cid)
             turns = store.conversation_turns(cid)
             if [(t.user_message, t.reply) for t in turns] == pairs and \
-                    (user is None or turns[0].user_id == user):
+                    (user is None or turns[0].user_id == user) and \
+                    (system is None or turns[0].system_prompt == check_system_prompt(system)):
                 return cid, False
-    conversation = store.create_conversation(user_id=user or "local")
+    conversation = store.create_conversation(
+        user_id=user or "local", system_prompt=default_system if system is None else system)
     for user_text, reply in pairs:
         store.append_turn(conversation.id, user_text, reply, model="client-history",
                           gen_params={"imported": True})
@@ -171,7 +183,7 @@ def completions():
     runtime = get_runtime()
     config = runtime.config
     body = read_json()
-    pairs, message = split_messages(body.get("messages"))
+    pairs, message, system = split_messages(body.get("messages"))
     limit = config.server.max_message_chars
     if len(message) > limit:
         raise ReinfError(f"the last message is {len(message)} characters; the limit is {limit}",
@@ -189,9 +201,16 @@ def completions():
         raise BadInput("'user' must be a string of at most 100 characters", key="user")
     explicit = get_id(body.get("conversation_id") or
                       request.headers.get("X-Reinf-Conversation"), "conversation_id")
+    if system is not None and len(system) > limit:
+        raise ReinfError(f"the system messages are {len(system)} characters; the limit is "
+                         f"{limit}", status=413, key="max_message_chars",
+                         fix="send a shorter system message, or raise max_message_chars")
     gen = generation_from(body, config)
+    if system is not None and explicit is not None:  # must match, or replace one unused yet
+        gen["system_prompt"] = system
     service = runtime.require_chat()
-    conversation_id, new = resolve_conversation(runtime.store, pairs, user or None, explicit)
+    conversation_id, new = resolve_conversation(runtime.store, pairs, user or None, explicit,
+                                                system, config.generation.system_prompt)
     created, name = int(time.time()), runtime.model_name
     try:
         if stream:

@@ -17,7 +17,8 @@ bp = Blueprint("pages", __name__)
 
 @bp.get("/")
 def chat():
-    return render_template("chat.html", page="chat")
+    return render_template("chat.html", page="chat",
+                           system_prompt=get_runtime().config.generation.system_prompt)
 
 
 @bp.get("/history")

@@ -14,15 +14,60 @@ import logging
 import socket
 import threading
 
+from waitress.channel import HTTPChannel
+from waitress.parser import HTTPRequestParser
 from waitress.server import create_server as create_waitress
+from waitress.utilities import RequestEntityTooLarge
 
 from reinf.errors import ReinfError
 
 log = logging.getLogger("reinf.webui")
 
-# Waitress buffers a whole request body before the app sees it; it refuses bodies far
-# beyond Flask's own limit itself, so a huge upload never fills the disk.
-WAITRESS_BODY_SLACK = 4
+# Waitress buffers a whole request body before the app sees it. It buffers at most
+# max_request_bytes + BODY_MARGIN (what the app may read, and a little more so that it can
+# tell a chunked body over the limit); a body declared larger is read and thrown away, up
+# to DRAIN_FACTOR times the limit, and the app answers it with its JSON 413. Beyond that
+# waitress answers its own plain-text 413 at once and closes.
+BODY_MARGIN = 65536
+DRAIN_FACTOR = 16
+
+
+class DrainingParser(HTTPRequestParser):
+    """Waitress's request parser, except for a body declared (Content-Length) over the
+    buffering limit: instead of answering at once and closing while the client is still
+    sending (which Python's urllib and requests see as a connection reset), it reads the
+    body and drops it, up to ``drain_limit`` bytes, then hands the app the request with
+    an empty body. The app refuses it from its Content-Length alone (413 with Reinf's
+    JSON error), and the connection stays usable."""
+
+    drain_limit = 0
+    _discard = 0
+
+    def received(self, data: bytes) -> int:
+        if self._discard:
+            n = min(len(data), self._discard)
+            self._discard -= n
+            self.completed = self._discard == 0
+            return n
+        n = super().received(data)
+        if (isinstance(self.error, RequestEntityTooLarge) and self.headers_finished
+                and not self.chunked and 0 < self.content_length <= self.drain_limit):
+            if self.body_rcv is not None:
+                self.body_rcv.getbuf().close()
+            self.error, self.body_rcv = None, None  # the app sees an empty body
+            if self.expect_continue:
+                # curl and others wait for "100 Continue" before sending a large body:
+                # answer now instead, and close, since no body will follow.
+                self.expect_continue = False
+                self.headers["CONNECTION"] = "close"
+            else:
+                self._discard, self.completed = self.content_length, False
+        return n
+
+
+def _channel_class(drain_limit: int):
+    parser = type("ReinfRequestParser", (DrainingParser,), {"drain_limit": drain_limit})
+    return type("ReinfChannel", (HTTPChannel,), {"parser_class": parser})
 
 
 def _bind_error(exc: OSError, host: str, port: int) -> ReinfError:
@@ -51,13 +96,15 @@ def check_port(host: str, port: int) -> None:
 def create_server(app, *, host: str, port: int, threads: int = 8, max_request_bytes: int):
     """A bound (not yet running) waitress server. A port in use is a ReinfError."""
     try:
-        return create_waitress(
+        server = create_waitress(
             app, host=host, port=port, threads=threads, ident="reinf",
-            max_request_body_size=max_request_bytes * WAITRESS_BODY_SLACK + 65536,
+            max_request_body_size=max_request_bytes + BODY_MARGIN,
             # a streamed reply can take a while between tokens on a busy CPU
             channel_timeout=600, clear_untrusted_proxy_headers=True)
     except OSError as exc:
         raise _bind_error(exc, host, port) from None
+    server.channel_class = _channel_class(max_request_bytes * DRAIN_FACTOR + BODY_MARGIN)
+    return server
 
 
 def format_url(host: str, port: int) -> str:

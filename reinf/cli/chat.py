@@ -16,9 +16,12 @@ from reinf.errors import NotAvailable
 @click.option("--url", help="Talk to the daemon at this URL instead of the default.")
 @click.option("--temperature", type=float, help="Sampling temperature for this session.")
 @click.option("--max-new-tokens", type=int, help="Longest reply, in tokens, for this session.")
+@click.option("--system", "system_prompt", metavar="TEXT",
+              help="System prompt of the conversations this session starts (\"\" = none; "
+                   "default: system_prompt in config.yaml).")
 @json_option
 @click.pass_obj
-def chat(app, once, conversation_id, url, temperature, max_new_tokens, as_json):
+def chat(app, once, conversation_id, url, temperature, max_new_tokens, system_prompt, as_json):
     """Chat in the terminal, rating each reply 1-5 (Enter skips).
 
     With a Reinf daemon running (`reinf serve`), chat talks to it; otherwise the model
@@ -26,19 +29,21 @@ def chat(app, once, conversation_id, url, temperature, max_new_tokens, as_json):
     interrupted); Ctrl-C or Ctrl-D at a prompt leaves.
     """
     app.override(temperature=temperature, max_new_tokens=max_new_tokens)
-    backend = build_backend(app, url, quiet=as_json, conversation_id=conversation_id)
+    backend = build_backend(app, url, quiet=as_json, conversation_id=conversation_id,
+                            system_prompt=system_prompt)
     if once is not None:
-        sys.exit(send_once(backend, once, conversation_id, as_json))
+        sys.exit(send_once(backend, once, conversation_id, as_json, system_prompt=system_prompt))
     from reinf.repl import Repl
 
-    sys.exit(Repl(backend, conversation_id=conversation_id).run())
+    sys.exit(Repl(backend, conversation_id=conversation_id, system_prompt=system_prompt).run())
 
 
 def build_backend(app, url: str | None, *, quiet: bool = False,
-                  conversation_id: int | None = None):
+                  conversation_id: int | None = None, system_prompt: str | None = None):
     """The daemon's HTTP backend when one answers, else the model in this process.
 
-    An unknown ``conversation_id`` fails here, before the slow model load."""
+    An unknown ``conversation_id`` fails here, before the slow model load, and so does a
+    ``system_prompt`` other than its own once it has turns."""
     from reinf.client import HttpBackend
     from reinf.remote import find_server
 
@@ -48,15 +53,29 @@ def build_backend(app, url: str | None, *, quiet: bool = False,
     if target:
         backend = HttpBackend(target, cfg, generation=dict(app.overrides))
         if conversation_id is not None:
-            backend.history(conversation_id, 1)
+            check_system_prompt(backend.conversation(conversation_id), system_prompt)
         return backend
     if url:
         raise NotAvailable(f"no Reinf daemon answers at {url}",
                            fix="start one with `reinf serve`, or leave out --url to run the "
                                "model in this process")
     if conversation_id is not None:
-        app.store.get_conversation(conversation_id)
+        check_system_prompt(app.store.get_conversation(conversation_id).to_dict(),
+                            system_prompt)
     return local_backend(app, quiet=quiet)
+
+
+def check_system_prompt(conversation: dict, system_prompt: str | None) -> None:
+    """``--system`` with ``--conversation``: a conversation with turns keeps its own."""
+    from reinf.errors import Conflict
+    from reinf.store import check_system_prompt as normalize
+
+    if system_prompt is None or not conversation["turns"] or \
+            normalize(system_prompt) == conversation.get("system_prompt"):
+        return
+    raise Conflict(f"conversation {conversation['conversation_id']} already has turns, "
+                   "generated with another system prompt, which stays",
+                   fix="leave out --system, or leave out --conversation to start a new one")
 
 
 def local_backend(app, *, quiet: bool = False):
@@ -80,16 +99,18 @@ def local_backend(app, *, quiet: bool = False):
 # The documented shape of a turn (README "JSON output"), as `history --json` prints it.
 TURN_FIELDS = ("turn_id", "conversation_id", "index", "created_at", "user_message", "reply",
                "checkpoint_id", "model", "reply_tokens", "ttft_ms", "latency_ms",
-               "interrupted", "rating")
+               "interrupted", "rating", "system_prompt")
 
 
-def send_once(backend, message: str, conversation_id: int | None, as_json: bool) -> int:
+def send_once(backend, message: str, conversation_id: int | None, as_json: bool, *,
+              system_prompt: str | None = None) -> int:
     """Send one message; print the reply (streamed) or its turn as JSON. Ctrl-C at any point
     stops the reply, which is still stored and printed (exit status 130)."""
     from reinf.repl import finish, held_interrupt, printable
 
+    extra = {} if system_prompt is None else {"system_prompt": system_prompt}
     with held_interrupt() as pressed:  # a Ctrl-C while it starts stops the reply, once it exists
-        handle = backend.send_stream(message, conversation_id)
+        handle = backend.send_stream(message, conversation_id, **extra)
     interrupted_by_key = bool(pressed)
     try:
         if pressed:

@@ -66,6 +66,47 @@ class ReinfGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             ctx.exit(130)
+        except Exception as exc:  # noqa: BLE001 - only the kinds translate() knows
+            known = translate(exc, ctx.obj)
+            if known is None or getattr(ctx.obj, "debug", False):
+                raise
+            raise click.ClickException(str(known)) from None
+
+
+def translate(exc: BaseException, app: AppContext | None) -> ReinfError | None:
+    """The errors no command expects but the machine can cause, as one line with a fix: a
+    file Reinf may not write (a read-only data directory: the server's lock, the log, the
+    config that ``init`` writes), and a database that turned out damaged or locked after
+    it was opened. Anything else stays a traceback: it is a bug."""
+    import errno
+    from pathlib import Path
+
+    config = getattr(app, "_config", None)
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) \
+            and exc.filename:
+        from reinf import db
+
+        path = Path(exc.filename)
+        home = config.data_dir if config is not None else None
+        if home is not None and (path == home or home in path.parents):
+            try:
+                db.check_directory(home)
+            except ReinfError as error:
+                return error
+            return ReinfError(f"cannot write {path}: {exc.strerror}",
+                              fix=f"make it writable (check its owner and permissions with "
+                                  f"`ls -l {path}`), or set REINF_HOME to another directory")
+        return ReinfError(f"cannot write {path}: {exc.strerror}",
+                          fix=f"check the permissions of {path.parent}, or choose another path")
+    try:
+        from sqlalchemy.exc import DBAPIError
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    if isinstance(exc, DBAPIError) and app is not None and app._store is not None:
+        from reinf import db
+
+        return db.explain(exc, db.sqlite_path(app._store.engine))
+    return None
 
 
 json_option = click.option("--json", "as_json", is_flag=True,

@@ -1,4 +1,5 @@
-"""Set-up and inspection commands: init, status, config show, db upgrade, checkpoints, rollback."""
+"""Set-up and inspection commands: init, status, config show, db upgrade|recover, checkpoints,
+rollback."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -154,6 +155,56 @@ def db_upgrade(app, as_json):
     emit({"from": before, "to": after, "head": db.head_revision()}, as_json, lambda d: click.echo(
         f"database already at {d['to']}" if d["from"] == d["to"]
         else f"database upgraded {d['from'] or 'empty'} -> {d['to']}"))
+
+
+@db_group.command(name="recover")
+@json_option
+@click.pass_obj
+def db_recover(app, as_json):
+    """Copy every readable row of a damaged database into a new one; keep the damaged file."""
+    from reinf import db
+    from reinf.errors import Conflict, NotAvailable
+    from reinf.lock import is_held, lock_path, train_lock_path
+
+    cfg = app.config
+    engine = db.create_db_engine(cfg.db_url, cfg.storage.busy_timeout_ms)
+    path = db.sqlite_path(engine)
+    try:
+        if path is None:
+            raise NotAvailable("`reinf db recover` works on SQLite files only",
+                               fix="use your database server's own backup and repair tools")
+        if is_held(lock_path(cfg)) or is_held(train_lock_path(cfg)):
+            raise Conflict(f"reinf serve or a training round is using {cfg.data_dir}",
+                           fix="stop it first (`reinf status` names its pid)")
+        try:
+            db.check_database(engine)  # locked or read-only: recovering would not help
+            sound = True
+        except db.DamagedDatabase:
+            sound = False
+    finally:
+        engine.dispose()
+    if sound:
+        emit({"path": str(path), "damaged": False}, as_json, lambda d: click.echo(
+            f"{d['path']} passes SQLite's quick_check: nothing to recover"))
+        return
+    report = db.recover(path)
+    report["damaged"] = True
+    emit(report, as_json, _print_recovery)
+
+
+def _print_recovery(d):
+    click.echo(f"rebuilt {d['path']} from the rows that could be read:")
+    for table, t in d["tables"].items():
+        click.echo(f"  {table:<14} {t['rows']} rows" + (f", {t['skipped']} unreadable"
+                                                        if t["skipped"] else "")
+                   + ("" if t["readable"] else " (the table could not be read)"))
+    lost = d["placeholders"]["turns"]
+    if lost:
+        click.echo(f"  {lost} ratings kept whose turns were lost (shown with a placeholder "
+                   "turn in `reinf history`)")
+    click.echo(f"integrity check: {d['integrity']}")
+    click.echo(f"the damaged file is kept as {d['damaged_copy']}; parts of the database that "
+               "could not be read are not in the new one")
 
 
 @click.command()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -176,6 +177,55 @@ def clean_stray(root: Path) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+CHECKPOINT_NAME = re.compile(r"r\d{4}-\d{8}-\d{6}-[0-9a-f]{4}")  # create_checkpoint_id's
+LINEAGE = ("checkpoint_id", "parent_id", "run_id", "base_model")
+
+
+def adopt_stray(store, root: Path) -> tuple[list[str], list[Path]]:
+    """Published checkpoint directories that have no row: a kill between the rename (in
+    ``write_checkpoint``) and the store's transaction (``Store.promote``). Returns the ids
+    recorded and the directories removed.
+
+    A complete one whose ``metrics.json`` names itself and a run the store has is recorded
+    as a promoted checkpoint, but not made active: its round passed the gate before it was
+    written, but the person never saw it served, so it waits in `reinf checkpoints` for a
+    `reinf rollback ID`. Any other (files missing, or its run unknown, e.g. the database
+    was restored from an older backup) is removed: nothing refers to it, nothing can load
+    it, and it would otherwise stay forever. Directories that have a row, ``.tmp-*``
+    directories (``clean_stray``'s) and names Reinf does not write are never touched. The
+    caller holds the train lock, so no round is between its rename and its row.
+    """
+    from reinf.errors import NotFound
+
+    root = Path(root)
+    if not root.is_dir():
+        return [], []
+    rows = store.list_checkpoints()
+    known = {r.id for r in rows} | {Path(r.path).name for r in rows}
+    adopted, removed = [], []
+    for path in sorted(root.iterdir()):
+        if not path.is_dir() or not CHECKPOINT_NAME.fullmatch(path.name) or path.name in known:
+            continue
+        try:
+            data = json.loads((path / METRICS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None
+        run_id = data.get("run_id") if isinstance(data, dict) else None
+        try:
+            run = store.get_run(run_id) if isinstance(run_id, int) else None
+        except NotFound:
+            run = None
+        if run is not None and is_complete(path) and data.get("checkpoint_id") == path.name:
+            store.add_checkpoint(path.name, str(path), parent_id=data.get("parent_id"),
+                                 run_id=run_id, status="promoted",
+                                 metrics={k: v for k, v in data.items() if k not in LINEAGE})
+            adopted.append(path.name)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return adopted, removed
 
 
 def _writer_alive(name: str) -> bool:

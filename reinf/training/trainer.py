@@ -347,12 +347,12 @@ def measure_fluency(session, samples, batch_size: int, limit: int = 32) -> dict[
 
 def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: str | None,
             metrics: dict[str, Any], samples: int) -> None:
-    """Record a written checkpoint, make it active, apply retention and finish the run as
-    succeeded (the trainer's rounds and the benchmark's baselines end the same way)."""
-    clean = checkpoints.jsonable(metrics)
-    store.add_checkpoint(ckpt_id, str(path), parent_id=parent_id, run_id=run_id,
-                         metrics=clean, status="promoted")
-    store.activate_checkpoint(ckpt_id)
+    """Record a written checkpoint, make it active and finish the run as succeeded, in one
+    store transaction (a kill part-way never leaves an active checkpoint beside an
+    unfinished run); then apply retention (the trainer's rounds and the benchmark's
+    baselines end the same way)."""
+    store.promote(run_id, ckpt_id, str(path), parent_id=parent_id,
+                  metrics=checkpoints.jsonable(metrics), samples=samples)
     try:
         deleted = checkpoints.apply_retention(store, checkpoints.root_dir(config),
                                               config.ppo.keep_best)
@@ -360,9 +360,8 @@ def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: 
         deleted = []
         metrics.setdefault("warnings", []).append(
             f"retention could not remove old checkpoints: {exc}")
-        clean = checkpoints.jsonable(metrics)
-    store.finish_run(run_id, "succeeded", metrics=clean, samples=samples,
-                     checkpoint_id=ckpt_id)
+        store.finish_run(run_id, "succeeded", metrics=checkpoints.jsonable(metrics),
+                         samples=samples, checkpoint_id=ckpt_id)
     log.info("run %s: checkpoint %s active; retention removed %s", run_id, ckpt_id,
              deleted or "nothing")
 

@@ -104,3 +104,29 @@ def test_security_headers_over_http(live):
         assert r.headers["X-Content-Type-Options"] == "nosniff"
         assert r.headers["Referrer-Policy"] == "no-referrer"
         assert "Access-Control-Allow-Origin" not in r.headers
+
+
+@pytest.mark.parametrize("times", [2, 10])
+def test_an_oversize_body_from_urllib_is_a_json_413_not_a_reset(live, app, store, times):
+    """Python's urllib sends the whole body before it reads the answer. The server reads
+    it (dropping it, up to a bound) and answers Reinf's JSON 413 naming the setting,
+    instead of closing while the client still sends (a connection reset): at twice the
+    limit, and at ten times, past what waitress buffers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    limit = app.config["MAX_CONTENT_LENGTH"]
+    body = b'{"message": "' + b"x" * (limit * times) + b'"}'
+    request = urllib.request.Request(live.url + "/api/chat", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:  # not URLError(ConnectionResetError)
+        urllib.request.urlopen(request, timeout=30)
+    assert info.value.code == 413
+    error = json.loads(info.value.read())
+    info.value.close()
+    assert error["key"] == "max_request_bytes" and f"the limit is {limit} bytes" in error["error"]
+    assert "max_request_bytes" in error["fix"]
+    assert store.counts()["turns"] == 0
+    with urllib.request.urlopen(live.url + "/api/ping", timeout=10) as ok:  # still serving
+        assert ok.status == 200

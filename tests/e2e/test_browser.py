@@ -397,3 +397,37 @@ def test_the_reward_chart_keeps_the_reward_scale(browser, live, store, tmp_path)
     assert value_range([0.3]) == [-1, 1]
     assert value_range([-1.7, 0.2]) == [-2, 1]   # beyond the scale: widened to the next half
     assert value_range([0.9, 1.2]) == [-1, 1.5]
+
+
+def test_a_system_prompt_is_set_before_the_first_message_then_shown(browser, live, store):
+    """A new conversation offers the system prompt box; what is typed there is sent with
+    the first message, then the box gives way to the prompt shown read-only, also when the
+    conversation is opened again and in the history."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(live.url + "/")
+    box = wait(browser, lambda d: d.find_element(By.ID, "system-prompt"))
+    assert box.is_displayed() and box.get_attribute("value") == ""  # config: none
+    assert not browser.find_element(By.ID, "system-shown").is_displayed()
+    box.send_keys("Answer like a pirate. " + XSS)
+    send(browser, "ahoy")
+    wait(browser, lambda d: reply_text(d) == "echo: ahoy")
+    [conv] = store.list_conversations()
+    assert conv.system_prompt == "Answer like a pirate. " + XSS
+    shown = browser.find_element(By.ID, "system-shown")
+    wait(browser, lambda d: shown.is_displayed())
+    assert not browser.find_element(By.ID, "system-prompt").is_displayed()
+    assert browser.find_element(By.ID, "system-text").text == conv.system_prompt
+    # opened again: shown, not editable; New conversation: editable and empty again
+    browser.get(f"{live.url}/?conversation={conv.id}")
+    wait(browser, lambda d: d.find_element(By.ID, "system-text").text == conv.system_prompt)
+    assert not browser.find_element(By.ID, "system-prompt").is_displayed()
+    browser.find_element(By.ID, "new-conversation").click()
+    wait(browser, lambda d: d.find_element(By.ID, "system-prompt").is_displayed())
+    assert browser.find_element(By.ID, "system-prompt").get_attribute("value") == ""
+    assert not browser.find_element(By.ID, "system-shown").is_displayed()
+    # the history shows it beside the message
+    browser.get(live.url + "/history")
+    row = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#history-rows tr"))
+    assert "System: Answer like a pirate." in row.text
+    assert browser.execute_script("return window.__xss") is None

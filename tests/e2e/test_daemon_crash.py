@@ -177,3 +177,91 @@ def test_sigterm_mid_reply_and_mid_round_stops_cleanly(home, servers):
         conn.close()
     assert reply == "".join(text) == done[0]["reply"]  # finished, or cut and stored as such
     assert bool(interrupted) == done[0]["interrupted"]
+
+
+def train_rounds(server, n: int) -> list[str]:
+    """``n`` rounds through the API, each on two fresh 5-star ratings; their checkpoints."""
+    ids = []
+    for i in range(n):
+        server.chat_and_rate(2, prefix=f"round {i}")
+        before = server.schedule()["last_result"]
+        server.call("POST", "/api/train", ok=(202,))
+        result = server.wait_result(120, after=before, trigger="request")
+        assert result["status"] == "succeeded", result
+        ids.append(result["checkpoint_id"])
+    return ids
+
+
+def test_a_damaged_active_checkpoint_falls_back_to_its_nearest_intact_ancestor(home, servers):
+    """A truncated adapter in the active checkpoint: the restarted server serves its parent
+    (not the base model), records that choice, and says which and why; when the parent's
+    adapter_config.json is garbage too, the base model."""
+    write_config(home)
+    server = servers.start(home)
+    first, second = train_rounds(server, 2)
+    assert server.served_checkpoint() == second
+    assert server.stop() == 0
+    adapter = home / "checkpoints" / second / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[: adapter.stat().st_size // 2])
+    assert is_complete(adapter.parent)  # every file is there; one of them is cut short
+
+    server = servers.start(home)
+    assert server.served_checkpoint() == first
+    status = server.status()
+    assert status["active_checkpoint"] == first and read_db(home)["active"] == first
+    warnings = status["schedule"]["warnings"]  # the daemon's (also in `reinf status`)
+    why = [w for w in warnings if f"checkpoint {second} could not be loaded" in w]
+    assert why and f"serving {first}, the nearest intact ancestor of {second}" in why[0], \
+        warnings
+    assert server.chat("after the fallback")["checkpoint_id"] == first
+    assert server.stop() == 0
+
+    (home / "checkpoints" / first / "adapter_config.json").write_text("{ not json")
+    server = servers.start(home)
+    assert server.served_checkpoint() == "base" and read_db(home)["active"] is None
+    assert any(f"checkpoint {first} could not be loaded" in w and "the base model" in w
+               for w in server.schedule()["warnings"])
+    assert server.stop() == 0
+
+
+def test_a_published_checkpoint_without_its_row_is_adopted_or_removed(home, servers):
+    """A kill between a round's rename and its store transaction leaves a checkpoint
+    directory with no row. At the next start a complete one whose run exists is recorded
+    as promoted but not active; one that cannot be (files missing, run unknown) is
+    removed; directories with a row and names Reinf does not write are left alone."""
+    write_config(home)
+    server = servers.start(home)
+    (good,) = train_rounds(server, 1)
+    run_id = server.runs()[0]["run_id"]
+    assert server.stop() == 0
+    root = home / "checkpoints"
+
+    def publish_unrecorded(name: str, *, run: int, drop: str | None = None):
+        shutil.copytree(root / good, root / name)
+        metrics = json.loads((root / name / "metrics.json").read_text())
+        metrics.update(checkpoint_id=name, parent_id=good, run_id=run)
+        (root / name / "metrics.json").write_text(json.dumps(metrics))
+        if drop:
+            (root / name / drop).unlink()
+
+    orphan = "r0002-20300101-000000-aaaa"
+    publish_unrecorded(orphan, run=run_id)
+    publish_unrecorded("r0003-20300101-000000-bbbb", run=run_id, drop="value_head.safetensors")
+    publish_unrecorded("r0004-20300101-000000-cccc", run=9999)  # its run is not in the DB
+    (root / "my-notes").mkdir()  # not a name Reinf writes
+
+    server = servers.start(home)
+    assert server.served_checkpoint() == good  # the adopted one is not made active
+    listed = {c["checkpoint_id"]: c for c in server.call("GET", "/api/checkpoints")["checkpoints"]}
+    assert listed[orphan]["status"] == "promoted" and not listed[orphan]["active"]
+    assert listed[orphan]["parent_id"] == good
+    assert not set(listed) & {"r0003-20300101-000000-bbbb", "r0004-20300101-000000-cccc"}
+    assert sorted(p.name for p in root.iterdir()) == sorted([good, orphan, "my-notes"])
+    assert any(f"checkpoint {orphan} was written but not recorded" in w
+               for w in server.schedule()["warnings"])
+    answer = server.call("POST", "/api/rollback", {"checkpoint_id": orphan})
+    assert answer["active_checkpoint"] == orphan and server.served_checkpoint() == orphan
+    assert server.stop() == 0
+    server = servers.start(home)  # nothing left to adopt: no warning, nothing removed
+    assert not any("was written but not recorded" in w for w in server.schedule()["warnings"])
+    assert server.served_checkpoint() == orphan

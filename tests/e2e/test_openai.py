@@ -123,3 +123,80 @@ def test_an_auth_token_is_the_api_key(config, store, daemon):
         out = right.chat.completions.create(model="m", messages=[{"role": "user",
                                                                    "content": "ok"}])
     assert out.choices[0].message.content == "echo: ok"
+
+
+# --- system messages ----------------------------------------------------------------------
+
+def turn_of(store, completion):
+    return store.get_turn(int(completion.id.removeprefix("chatcmpl-")))
+
+
+def test_system_and_developer_messages_are_the_conversations_system_prompt(client, store):
+    done = client.chat.completions.create(model="m", messages=[
+        {"role": "system", "content": "You are a pirate."},
+        {"role": "developer", "content": [{"type": "text", "text": "Answer briefly."}]},
+        {"role": "user", "content": "ahoy"}])
+    turn = turn_of(store, done)
+    assert turn.system_prompt == "You are a pirate.\n\nAnswer briefly."
+    assert store.get_conversation(turn.conversation_id).system_prompt == turn.system_prompt
+    # re-sent with the same system messages: the same conversation goes on
+    history = [{"role": "system", "content": "You are a pirate."},
+               {"role": "developer", "content": "Answer briefly."},
+               {"role": "user", "content": "ahoy"},
+               {"role": "assistant", "content": done.choices[0].message.content}]
+    again = client.chat.completions.create(model="m", messages=history + [
+        {"role": "user", "content": "and then?"}])
+    assert turn_of(store, again).conversation_id == turn.conversation_id
+    # the same history under another system prompt is another conversation (imported)
+    other = client.chat.completions.create(model="m", messages=[
+        {"role": "system", "content": "You are a poet."}] + history[2:] + [
+        {"role": "user", "content": "and then?"}])
+    moved = turn_of(store, other)
+    assert moved.conversation_id != turn.conversation_id
+    assert moved.system_prompt == "You are a poet." and moved.index == 2
+    assert store.conversation_turns(moved.conversation_id)[0].model == "client-history"
+    # without system messages a matching conversation goes on, whatever its own
+    plain = client.chat.completions.create(model="m", messages=history[2:] + [
+        {"role": "user", "content": "and then?"},
+        {"role": "assistant", "content": again.choices[0].message.content},
+        {"role": "user", "content": "third"}])
+    assert turn_of(store, plain).conversation_id in (turn.conversation_id,
+                                                     moved.conversation_id)
+    assert turn_of(store, plain).index == 3 and store.counts()["conversations"] == 2
+
+
+def test_an_explicit_conversation_keeps_its_system_prompt_once_it_has_turns(client, store):
+    empty = store.create_conversation().id
+    done = client.chat.completions.create(
+        model="m", extra_body={"conversation_id": empty},
+        messages=[{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}])
+    assert turn_of(store, done).system_prompt == "Be terse."  # it had no turns: set
+    same = client.chat.completions.create(
+        model="m", extra_body={"conversation_id": empty},
+        messages=[{"role": "system", "content": "Be terse."}, {"role": "user", "content": "x"}])
+    assert turn_of(store, same).index == 2
+    with pytest.raises(openai.ConflictError, match="system prompt is fixed"):
+        client.chat.completions.create(
+            model="m", extra_body={"conversation_id": empty},
+            messages=[{"role": "system", "content": "Be long."}, {"role": "user", "content": "y"}])
+    assert store.get_conversation(empty).system_prompt == "Be terse."
+    assert store.get_conversation(empty).turns == 2
+
+
+def test_without_system_messages_a_new_conversation_takes_the_configs(config, store, daemon):
+    from webui import create_app
+    from webui_fakes import FakeChatService
+
+    app = create_app(config.replace(system_prompt="Be helpful."), store=store,
+                     chat=FakeChatService(store), daemon=daemon)
+    client = app.test_client()
+    r = client.post("/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.get_json()
+    assert store.get_turn(r.get_json()["turn_id"]).system_prompt == "Be helpful."
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": [
+        {"role": "system", "content": ""}, {"role": "user", "content": "hi"}]})
+    assert store.get_turn(r.get_json()["turn_id"]).system_prompt is None  # an empty one: none
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": [
+        {"role": "system", "content": "s" * 20_000}, {"role": "user", "content": "hi"}]})
+    assert r.status_code == 413 and "system messages" in r.get_json()["error"]["message"]

@@ -271,3 +271,79 @@ def test_once_json_over_http_prints_the_whole_turn(live, invoke, store):
     assert (out["user_message"], out["reply"], out["model"]) == (
         "hello there", "echo: hello there", "fake-echo")
     assert out["rating"] is None and out["index"] == 1 and out["created_at"]
+
+
+# --- --system ----------------------------------------------------------------------------------
+
+def test_system_starts_the_conversation_with_it_in_the_prompt(tiny, home, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    runs = {}
+    for name, args, extra in [("flag", ["--system", "Be a pirate."], {}),
+                              ("config", [], {"SYSTEM_PROMPT": "Be kind."}),
+                              ("none", ["--system", ""], {"SYSTEM_PROMPT": "Be kind."})]:
+        done = subprocess.run(REINF + ["chat", "--once", "Hello there", "--json", *args],
+                              env=chat_env(home, tiny, MAX_NEW_TOKENS="4", **extra),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        runs[name] = json.loads(done.stdout)
+    store = open_store(home)
+    assert runs["flag"]["system_prompt"] == "Be a pirate."
+    assert runs["config"]["system_prompt"] == "Be kind."
+    assert runs["none"]["system_prompt"] is None
+    for name, system in [("flag", "Be a pirate."), ("config", "Be kind.")]:
+        turn = store.get_turn(runs[name]["turn_id"])
+        assert tok.decode(turn.prompt_ids) == (
+            f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n"
+            "<|im_start|>assistant\n")
+        assert store.get_conversation(turn.conversation_id).system_prompt == system
+    assert tok.decode(store.get_turn(runs["none"]["turn_id"]).prompt_ids).startswith(
+        "<|im_start|>user\n")
+
+
+def test_system_over_http_and_a_conversation_that_has_another(live, invoke, store):
+    result = invoke("chat", "--url", live.url, "--once", "hi", "--system", "Be a pirate.",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    conv = out["conversation_id"]
+    assert out["system_prompt"] == "Be a pirate."
+    assert store.get_conversation(conv).system_prompt == "Be a pirate."
+    same = invoke("chat", "--url", live.url, "--once", "more", "--conversation", conv,
+                  "--system", "Be a pirate.", "--json")
+    assert same.exit_code == 0 and json.loads(same.output)["index"] == 2
+    other = invoke("chat", "--url", live.url, "--once", "x", "--conversation", conv,
+                   "--system", "Be formal.")
+    assert other.exit_code == 1
+    assert "already has turns" in other.output and "leave out --system" in other.output
+    assert store.get_conversation(conv).turns == 2  # refused before anything was sent
+    empty = store.create_conversation().id  # no turns yet: --system sets it
+    fresh = invoke("chat", "--url", live.url, "--once", "y", "--conversation", empty,
+                   "--system", "Be formal.", "--json")
+    assert fresh.exit_code == 0, fresh.output
+    assert store.get_conversation(empty).system_prompt == "Be formal."
+
+
+def test_system_applies_to_each_conversation_a_terminal_session_starts(live, home, tmp_path,
+                                                                       store):
+    child = pexpect.spawn(REINF[0], REINF[1:] + ["chat", "--url", live.url, "--system",
+                                                 "Be a pirate."],
+                          env=clean_env(home), cwd=str(tmp_path), encoding="utf-8",
+                          timeout=60, dimensions=(40, 200), preexec_fn=default_sigint)
+    try:
+        child.expect_exact("system prompt: Be a pirate.")
+        for message in ("first", "/new", "second"):
+            child.expect_exact(USER_PROMPT)
+            child.sendline(message)
+            if message != "/new":
+                child.expect_exact(RATE_PROMPT)
+                child.sendline("")
+        child.expect_exact(USER_PROMPT)
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    first, second = store.history(limit=None, oldest_first=True)
+    assert first.conversation_id != second.conversation_id
+    assert first.system_prompt == second.system_prompt == "Be a pirate."

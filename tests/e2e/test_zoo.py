@@ -385,3 +385,92 @@ def test_all_linear_and_changed_targets(zoo, home):
     other = build_session(config.replace(lora_target_modules="auto"), store).warnings
     assert any("lora settings changed" in w and "q_proj, v_proj" in w for w in other), other
     store.close()
+
+
+# --- the system prompt in each family's template ---------------------------------------------
+
+SYSTEM = "You are a pirate. Answer in one short sentence."
+# As the families ship them: Gemma (1, 2) raises on a system message; early Mistral insists
+# that user and assistant alternate, which a system message breaks.
+GEMMA_AS_SHIPPED = ("{%- if messages[0]['role'] == 'system' -%}"
+                    "{{- raise_exception('System role not supported') -}}{%- endif -%}" + GEMMA)
+MISTRAL_AS_SHIPPED = (
+    "<s>{%- for m in messages -%}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') -}}"
+    "{%- endif -%}"
+    "{%- if m['role'] == 'user' -%}{{- '[INST] ' + m['content'] + ' [/INST]' -}}"
+    "{%- else -%}{{- m['content'] + '</s>' -}}{%- endif -%}{%- endfor -%}")
+MISTRAL_SPECIALS = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]")
+
+
+def family_tokenizer(family: Family, template: str | None = None):
+    return build_chat_tokenizer(template or family.chat_template, list(family.specials),
+                                eos=family.eos, pad=family.pad)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
+def test_a_template_with_a_system_role_gets_the_system_prompt_as_a_system_turn(family):
+    from reinf.modeling import render_chat
+
+    tok = family_tokenizer(family)
+    ids = render_chat(tok, [("Hello, how are you today?", "Fine.")], "Why is the sky blue?",
+                      system=SYSTEM)
+    expected = tok.apply_chat_template(
+        [{"role": "system", "content": SYSTEM},
+         {"role": "user", "content": "Hello, how are you today?"},
+         {"role": "assistant", "content": "Fine."},
+         {"role": "user", "content": "Why is the sky blue?"}],
+        add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert ids == list(expected)
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert text.count(SYSTEM) == 1 and text.endswith(family.header)
+    assert f"{SYSTEM}\n\nHello" not in text  # kept apart, not folded
+    if family.chat_template == CHATML:
+        assert text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n")
+
+
+@pytest.mark.parametrize("template, specials, first_user", [
+    (GEMMA_AS_SHIPPED, GEMMA_SPECIALS, "<bos><start_of_turn>user\n"),
+    (MISTRAL_AS_SHIPPED, MISTRAL_SPECIALS, "<s>[INST] ")], ids=["gemma", "mistral"])
+def test_a_template_that_refuses_the_system_role_gets_it_in_the_first_user_message(
+        template, specials, first_user):
+    from reinf.modeling import build_prompt_ids
+
+    tok = build_chat_tokenizer(template, list(specials), eos=specials[2], pad=specials[0])
+    history = [("Hello, how are you today?", "Fine."), ("Tell me about the weather.", "Sunny.")]
+    ids = build_prompt_ids(tok, history, "Why is the sky blue?", max_history=8,
+                           max_context_tokens=256, max_new_tokens=8, system=SYSTEM)
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert text.startswith(f"{first_user}{SYSTEM}\n\nHello, how are you today?")
+    assert text.count(SYSTEM) == 1 and "Tell me about the weather." in text
+
+
+def test_gemma_folds_the_system_prompt_into_every_stored_prompt_and_says_so_once(
+        tmp_path, home, caplog):
+    """A chat on a Gemma whose template refuses the system role: each turn's stored prompt
+    starts with the system prompt inside the first user message; the log says so once."""
+    import logging
+
+    from reinf.chat import ChatService
+    from reinf.engine import Engine
+    from reinf.store import Store
+
+    gemma = dataclasses.replace(next(f for f in FAMILIES if f.name == "gemma"),
+                                name="gemma-as-shipped", chat_template=GEMMA_AS_SHIPPED)
+    config = zoo_config(home, gemma.build(tmp_path), system_prompt=SYSTEM)
+    store = Store.open(config)
+    engine = Engine.load(config)
+    chat = ChatService(engine, store, config)
+    caplog.set_level(logging.INFO, logger="reinf.modeling")
+    conv = None
+    for message in MESSAGES[:3]:
+        turn = chat.send(message, conversation_id=conv)
+        conv = turn.conversation_id
+        prompt = engine.tokenizer.decode(turn.prompt_ids, skip_special_tokens=False)
+        assert prompt.startswith(f"<bos><start_of_turn>user\n{SYSTEM}\n\n{MESSAGES[0]}")
+        assert prompt.endswith(GEMMA_HEADER) and message in prompt
+    assert store.get_conversation(conv).system_prompt == SYSTEM
+    notes = [r for r in caplog.records if "refuses a system message" in r.getMessage()]
+    assert len(notes) == 1 and "System role not supported" in notes[0].getMessage()
+    store.close()

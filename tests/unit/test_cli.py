@@ -212,3 +212,39 @@ def test_a_broken_hook_warning_says_training_is_paused_once(invoke, seeded, home
     [warning] = [w for w in data["warnings"] if "undefined" in w]
     assert warning.count("training is paused") == 1, warning
     assert "paused until it works (training is paused" not in warning
+
+
+def test_unwritable_files_and_a_locked_database_are_one_line(runner, seeded, home, monkeypatch):
+    """The boundary turns what the machine causes mid-command into one line with its fix
+    (a file Reinf may not write; the database locked by another program after it was
+    opened); --debug still shows the traceback, and a bug stays a traceback."""
+    import errno
+    import sqlite3
+
+    import reinf.status
+    from sqlalchemy.exc import OperationalError
+
+    from reinf.cli import main
+
+    raised: list[BaseException] = []
+
+    def fail(*args, **kwargs):
+        raise raised[-1]
+    monkeypatch.setattr(reinf.status, "collect_status", fail)
+    log = home / "logs" / "reinf.log"
+    raised.append(PermissionError(errno.EACCES, "Permission denied", str(log)))
+    result = runner.invoke(main, ["status"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Error: cannot write {log}: Permission denied — make it writable (check its owner "
+        f"and permissions with `ls -l {log}`), or set REINF_HOME to another directory"]
+    assert isinstance(runner.invoke(main, ["--debug", "status"]).exception, PermissionError)
+
+    raised.append(OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked")))
+    result = runner.invoke(main, ["status"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert f"the database {home / 'reinf.db'} is locked by another process" in result.output
+    assert "close that program, or wait" in result.output
+
+    raised.append(ValueError("a bug"))
+    assert isinstance(runner.invoke(main, ["status"]).exception, ValueError)

@@ -17,7 +17,7 @@ TABLES = ["alembic_version", "checkpoints", "conversations", "ratings", "trainin
 def test_upgrade_from_an_empty_db(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'a.db'}")
     assert db.table_names(store.engine) == TABLES
-    assert db.current_revision(store.engine) == db.head_revision() == "0001"
+    assert db.current_revision(store.engine) == db.head_revision() == "0002"
     store.close()
 
 
@@ -53,7 +53,7 @@ def test_startup_on_a_current_db_keeps_data(tmp_path):
     store.close()
     again = Store(url)  # runs migrations again: a no-op
     assert again.get_turn(t.id).rating.score == 5
-    assert db.current_revision(again.engine) == "0001"
+    assert db.current_revision(again.engine) == db.head_revision()
     again.close()
 
 
@@ -94,3 +94,40 @@ def test_a_failing_migration_rolls_back_and_stops_startup(tmp_path, monkeypatch)
         Store(f"sqlite:///{path}")
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT precious FROM turns").fetchall() == [("do not lose me",)]
+
+
+def test_0002_adds_the_system_prompt_to_conversations_of_an_old_db(tmp_path):
+    """A database at 0001 with conversations and turns: upgrading keeps every row, old
+    conversations have no system prompt, and new ones can have one; downgrading drops
+    the column and nothing else (no turn lost to a cascade)."""
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    old = Store(url, migrate=False)
+    db.upgrade(old.engine, "0001")
+    with old.engine.begin() as conn:
+        conn.execute(text("INSERT INTO conversations (id, created_at, updated_at, title, "
+                          "user_id) VALUES (1, '2026-01-01', '2026-01-01', 'old', 'local')"))
+        conn.execute(text("INSERT INTO turns (conversation_id, \"index\", user_message, reply, "
+                          "model, gen_params, created_at, interrupted, context_forgotten) "
+                          "VALUES (1, 1, 'hi', 'hello', '', '{}', '2026-01-01', 0, 0)"))
+    assert "system_prompt" not in {c["name"] for c in inspect(old.engine).get_columns(
+        "conversations")}
+    old.close()
+    store = Store(url)  # start-up migrates
+    assert db.current_revision(store.engine) == "0002"
+    conv = store.get_conversation(1)
+    assert (conv.title, conv.turns, conv.system_prompt) == ("old", 1, None)
+    assert store.conversation_turns(1)[0].system_prompt is None
+    new = store.create_conversation(system_prompt="Be terse.")
+    assert store.get_conversation(new.id).system_prompt == "Be terse."
+    db.downgrade(store.engine, "0001")
+    assert "system_prompt" not in {c["name"] for c in inspect(store.engine).get_columns(
+        "conversations")}
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM turns")).scalar() == 1
+        assert conn.execute(text("SELECT count(*) FROM conversations")).scalar() == 2
+    db.upgrade(store.engine)
+    assert store.get_conversation(new.id).system_prompt is None  # dropped with the column
+    assert store.counts()["turns"] == 1
+    store.close()

@@ -340,3 +340,91 @@ def test_max_history_auto_sends_what_fits_the_context(tok):
     tight = build_prompt_ids(tok, HISTORY, "hi", max_history=auto,
                              max_context_tokens=sizes[2] + 16, max_new_tokens=16)
     assert tok.decode(tight) == chatml(HISTORY[-2:], "hi")  # the budget, not the cap, trims
+
+
+# --- system prompt ----------------------------------------------------------------------------
+
+# Gemma's own template (v1/v2) refuses the system role; early Mistral's insists that user and
+# assistant alternate, so a system message breaks it too. Both raise as the real ones do.
+GEMMA_STRICT = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+MISTRAL_STRICT = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% endif %}{% endfor %}")
+SYSTEM = "You are a pirate. Answer in one short sentence."
+
+
+def strict_tokenizer(template: str):
+    from tiny import build_chat_tokenizer
+
+    specials = ["<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "[INST]",
+                "[/INST]"]
+    return build_chat_tokenizer(template, specials, eos="<eos>", pad="<pad>", bos="<bos>")
+
+
+def test_a_system_prompt_goes_first_as_a_system_message(tok):
+    ids = build_prompt_ids(tok, HISTORY[:2], "And tomorrow?", max_history=8,
+                           max_context_tokens=256, max_new_tokens=16, system=SYSTEM)
+    system_turn = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"
+    assert tok.decode(ids) == system_turn + chatml(HISTORY[:2], "And tomorrow?")
+    assert render_chat(tok, [], "hi", system=None) == render_chat(tok, [], "hi")
+    assert render_chat(tok, [], "hi", system="") == render_chat(tok, [], "hi")
+
+
+def test_the_system_prompt_is_never_trimmed_with_old_turns(tok):
+    sizes = {k: len(render_chat(tok, HISTORY[-k:] if k else [], "hi", system=SYSTEM))
+             for k in range(7)}
+    limit = sizes[2] + 16
+    ids = build_prompt_ids(tok, HISTORY, "hi", max_history=8, max_context_tokens=limit,
+                           max_new_tokens=16, system=SYSTEM)
+    text = tok.decode(ids)
+    assert text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n")
+    assert text.endswith(chatml(HISTORY[-2:], "hi"))
+    with pytest.raises(BadInput, match="system prompt and message too long") as err:
+        build_prompt_ids(tok, [], "hi", max_history=8, max_context_tokens=sizes[0] + 15,
+                         max_new_tokens=16, system=SYSTEM)
+    assert "system prompt" in err.value.fix
+
+
+@pytest.mark.parametrize("template", [GEMMA_STRICT, MISTRAL_STRICT], ids=["gemma", "mistral"])
+def test_a_template_that_refuses_the_system_role_gets_it_folded_into_the_first_message(
+        template, caplog):
+    import logging
+
+    strict = strict_tokenizer(template)
+    with pytest.raises(Exception, match="System role not supported|must alternate"):
+        strict.apply_chat_template([{"role": "system", "content": SYSTEM},
+                                    {"role": "user", "content": "hi"}], tokenize=False)
+    caplog.set_level(logging.INFO, logger="reinf.modeling")
+    ids = build_prompt_ids(strict, HISTORY[:2], "And tomorrow?", max_history=8,
+                           max_context_tokens=256, max_new_tokens=16, system=SYSTEM)
+    folded = [(f"{SYSTEM}\n\n{HISTORY[0][0]}", HISTORY[0][1]), HISTORY[1]]
+    assert ids == render_chat(strict, folded, "And tomorrow?")
+    # the first message left once old turns are trimmed carries it: it is never lost
+    alone = render_chat(strict, [], "hi", system=SYSTEM)
+    assert alone == render_chat(strict, [], f"{SYSTEM}\n\nhi")
+    notes = [r for r in caplog.records if "refuses a system message" in r.getMessage()]
+    assert len(notes) == 1  # once per tokenizer, however many prompts
+    render_chat(strict_tokenizer(template), [], "hi", system=SYSTEM)  # another tokenizer
+    assert len([r for r in caplog.records if "refuses a system message" in r.getMessage()]) == 2
+
+
+def test_system_prompt_is_a_setting_documented_in_the_readme():
+    from reinf.config import PROJECT_ROOT, load_config, settings
+
+    [info] = [s for s in settings() if s.public == "system_prompt"]
+    assert info.section == "generation" and info.default is None and info.help
+    cfg = load_config(environ={"REINF_HOME": "/nonexistent", "SYSTEM_PROMPT": "Be brief."})
+    assert cfg.generation.system_prompt == "Be brief."
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`system_prompt`" in readme and "`--system TEXT`" in readme
+    assert "system_prompt: null  #" in (PROJECT_ROOT / "config.yaml").read_text(encoding="utf-8")

@@ -230,6 +230,117 @@ def test_record_json_is_stable(store):
     d = store.get_turn(t.id).to_dict()
     assert set(d) == {"turn_id", "conversation_id", "index", "created_at", "user_message",
                       "reply", "checkpoint_id", "model", "reply_tokens", "ttft_ms",
-                      "latency_ms", "interrupted", "rating"}
+                      "latency_ms", "interrupted", "rating", "system_prompt"}
     assert d["checkpoint_id"] == "base" and d["rating"]["score"] == 4
     assert "prompt_ids" in store.get_turn(t.id).to_dict(tokens=True)
+
+
+# --- a conversation's system prompt --------------------------------------------------------
+
+def test_a_conversation_keeps_its_system_prompt(store):
+    from reinf.errors import Conflict
+
+    plain = store.create_conversation()
+    assert plain.system_prompt is None and plain.to_dict()["system_prompt"] is None
+    conv = store.create_conversation(system_prompt="  Be terse.\n")
+    assert store.get_conversation(conv.id).system_prompt == "Be terse."  # stored trimmed
+    assert store.list_conversations()[0].to_dict()["system_prompt"] == "Be terse."
+    # before its first turn it may change, and blank means none
+    assert store.update_conversation(conv.id, system_prompt="Be kind.").system_prompt == \
+        "Be kind."
+    assert store.update_conversation(conv.id, system_prompt=" ").system_prompt is None
+    store.update_conversation(conv.id, system_prompt="Be kind.")
+    t = add_turn(store, conv.id)
+    assert t.system_prompt == "Be kind." and t.to_dict()["system_prompt"] == "Be kind."
+    assert store.get_turn(t.id).system_prompt == "Be kind."
+    assert store.history(limit=1)[0].system_prompt == "Be kind."
+    # after it, the turns' prompt tokens hold it: it stays
+    with pytest.raises(Conflict, match="already has 1 turn;") as err:
+        store.update_conversation(conv.id, system_prompt="Be rude.")
+    assert err.value.status == 409 and "new conversation" in err.value.fix
+    assert store.get_conversation(conv.id).system_prompt == "Be kind."
+    with pytest.raises(NotFound):
+        store.update_conversation(9999, system_prompt="x")
+    with pytest.raises(BadInput, match="must be text"):
+        store.create_conversation(system_prompt=5)
+    with pytest.raises(BadInput, match="not valid Unicode"):
+        store.update_conversation(plain.id, system_prompt="a\ud800")
+    assert store.forget_conversation(conv.id)["turns"] == 1
+    with pytest.raises(NotFound):
+        store.get_conversation(conv.id)
+
+
+def test_promote_records_activates_and_finishes_the_run_in_one_transaction(store):
+    """A round's end is all or nothing: a failure part-way (here at the run's update, as
+    a kill would leave it) records no checkpoint, keeps the active one, leaves the run
+    running; never an active checkpoint beside an unfinished run."""
+    first = store.start_run("test")
+    store.promote(first.id, "c1", "/ckpt/c1", parent_id=None, metrics={"kl": 0.1}, samples=2)
+    run = store.start_run("test")
+
+    def fail_at_the_run(conn, cursor, statement, *args):
+        if statement.lstrip().upper().startswith("UPDATE TRAINING_RUNS"):
+            raise RuntimeError("the disk went away")
+    event.listen(store.engine, "before_cursor_execute", fail_at_the_run)
+    with pytest.raises(RuntimeError):
+        store.promote(run.id, "c2", "/ckpt/c2", parent_id="c1", metrics={}, samples=1)
+    event.remove(store.engine, "before_cursor_execute", fail_at_the_run)
+    assert [c.id for c in store.list_checkpoints()] == ["c1"]
+    assert store.active_checkpoint().id == "c1"
+    assert store.get_run(run.id).status == "running"
+
+    record = store.promote(run.id, "c2", "/ckpt/c2", parent_id="c1", metrics={"kl": 0.2},
+                           samples=1)
+    assert record.active and record.parent_id == "c1" and record.status == "promoted"
+    assert store.active_checkpoint().id == "c2" and not store.get_checkpoint("c1").active
+    done = store.get_run(run.id)
+    assert (done.status, done.checkpoint_id, done.samples, done.metrics, done.error) == \
+        ("succeeded", "c2", 1, {"kl": 0.2}, None)
+    assert done.finished_at is not None
+    with pytest.raises(NotFound):
+        store.promote(999, "c3", "/ckpt/c3", parent_id="c2", metrics={}, samples=0)
+    assert store.active_checkpoint().id == "c2"
+
+
+def test_open_refuses_a_damaged_database_before_migrating(tmp_path):
+    """PRAGMA quick_check at start-up: a database with a garbage page is one StoreError
+    naming the file and both fixes, not a 500 on the first query that reads the page."""
+    from reinf.db import DamagedDatabase
+    from reinf.store import Store
+
+    path = tmp_path / "a.db"
+    store = Store(f"sqlite:///{path}")
+    conv = store.create_conversation().id
+    for i in range(200):
+        store.append_turn(conv, f"q{i} " * 50, f"a{i} " * 50)
+    store.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:  # a page in the middle: not the header, not the schema
+        fh.seek((size // 4096 // 2) * 4096)
+        fh.write(b"\xa5" * 4096)
+    with pytest.raises(DamagedDatabase) as info:
+        Store(f"sqlite:///{path}")
+    assert str(path) in info.value.message and "damaged" in info.value.message
+    assert "restore it from a backup" in info.value.fix and "reinf db recover" in info.value.fix
+    assert info.value.status == 503
+
+
+def test_export_puts_the_system_prompt_first_in_every_format(store):
+    from reinf.export import export_rows
+
+    conv = store.create_conversation(system_prompt="Be terse.").id
+    first = add_turn(store, conv, msg="q1", reply="a1")
+    second = add_turn(store, conv, msg="q2", reply="a2")
+    store.rate(first.id, 5)
+    store.rate(second.id, 1)
+    system = {"role": "system", "content": "Be terse."}
+    raw = list(export_rows(store, "raw"))
+    assert raw[1]["messages"] == [system, {"role": "user", "content": "q1"},
+                                  {"role": "assistant", "content": "a1"},
+                                  {"role": "user", "content": "q2"}]
+    [sft] = export_rows(store, "sft")
+    assert sft["messages"][0] == system and sft["messages"][1]["content"] == "q1"
+    assert all(row["prompt"][0] == system for row in export_rows(store, "kto"))
+    plain = add_turn(store, msg="q3")  # a conversation without one: no system message
+    store.rate(plain.id, 4)
+    assert list(export_rows(store, "raw"))[-1]["messages"] == [{"role": "user", "content": "q3"}]

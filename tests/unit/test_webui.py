@@ -515,3 +515,83 @@ def test_malformed_bodies_are_400(client, data, needle):
 def test_non_utf8_body_is_400(client):
     r = client.post("/api/chat", data=b'{"message": "\xff"}', content_type="application/json")
     assert r.status_code == 400 and "not UTF-8" in r.get_json()["error"]
+
+
+# --- a conversation's system prompt ----------------------------------------------------
+
+def test_a_new_conversation_takes_the_system_prompt_sent_with_its_first_message(client, store,
+                                                                                fake_chat):
+    turn = chat(client, "hi", system_prompt="Answer like a pirate.")
+    assert fake_chat.system_prompts[-1] == "Answer like a pirate."
+    assert turn["system_prompt"] == "Answer like a pirate."
+    cid = turn["conversation_id"]
+    opened = client.get(f"/api/conversations/{cid}").get_json()
+    assert opened["conversation"]["system_prompt"] == "Answer like a pirate."
+    assert opened["turns"][0]["system_prompt"] == "Answer like a pirate."
+    listed = client.get("/api/conversations").get_json()["conversations"]
+    assert listed[0]["system_prompt"] == "Answer like a pirate."
+    [row] = client.get(f"/api/history?conversation_id={cid}").get_json()["turns"]
+    assert row["system_prompt"] == "Answer like a pirate."          # the history view's
+    # the same one again is fine; another, once the conversation has a turn, is a conflict
+    chat(client, "more", conversation_id=cid, system_prompt="Answer like a pirate.")
+    r = client.post("/api/chat", json={"message": "x", "conversation_id": cid,
+                                       "system_prompt": "Be formal."})
+    assert r.status_code == 409 and "system prompt is fixed" in r.get_json()["error"]
+    assert store.get_conversation(cid).system_prompt == "Answer like a pirate."
+    assert store.get_conversation(cid).turns == 2
+    # without one, nothing is sent to the service (it applies the config's)
+    plain = chat(client, "plain")
+    assert fake_chat.system_prompts[-1] is None and plain["system_prompt"] is None
+
+
+def test_chat_refuses_a_bad_system_prompt(config, store, fake_chat, daemon, client):
+    from webui import create_app
+
+    r = client.post("/api/chat", json={"message": "x", "system_prompt": 5})
+    assert r.status_code == 400 and r.get_json()["key"] == "system_prompt"
+    small = create_app(config.replace(max_message_chars=10), store=store, chat=fake_chat,
+                       daemon=daemon).test_client()
+    r = small.post("/api/chat", json={"message": "x", "system_prompt": "y" * 11})
+    assert r.status_code == 413 and "'system_prompt' is 11 characters" in r.get_json()["error"]
+    assert store.counts()["conversations"] == 0
+
+
+def test_put_or_patch_sets_the_system_prompt_only_before_the_first_turn(client, store):
+    cid = store.create_conversation().id
+    for method, value, stored in [("PATCH", "Be terse.", "Be terse."), ("PUT", None, None),
+                                  ("PUT", "  Be kind.  ", "Be kind."), ("PATCH", "", None),
+                                  ("PATCH", "Be kind.", "Be kind.")]:
+        r = client.open(f"/api/conversations/{cid}", method=method,
+                        json={"system_prompt": value})
+        assert r.status_code == 200, r.get_json()
+        assert r.get_json()["conversation"]["system_prompt"] == stored
+    assert client.get(f"/api/conversations/{cid}").get_json()["conversation"][
+        "system_prompt"] == "Be kind."
+    turn = chat(client, "hi", conversation_id=cid)
+    assert turn["system_prompt"] == "Be kind."
+    r = client.patch(f"/api/conversations/{cid}", json={"system_prompt": "Be rude."})
+    assert r.status_code == 409 and r.get_json()["key"] == "system_prompt"
+    assert "already has 1 turn" in r.get_json()["error"] and r.get_json()["fix"]
+    assert store.get_conversation(cid).system_prompt == "Be kind."
+    for body, status, needle in [({}, 400, "nothing to change"),
+                                 ({"title": "x"}, 400, "unknown field(s): title"),
+                                 ({"system_prompt": ["x"]}, 400, "must be a string")]:
+        r = client.patch(f"/api/conversations/{cid}", json=body)
+        assert r.status_code == status and needle in r.get_json()["error"]
+    assert client.patch("/api/conversations/999", json={"system_prompt": "x"}).status_code == 404
+    assert client.put("/api/conversations/x", json={"system_prompt": "x"}).status_code == 400
+
+
+def test_the_chat_page_offers_the_configured_system_prompt(config, store, fake_chat, daemon):
+    import json as jsonlib
+    import re
+
+    from webui import create_app
+
+    app = create_app(config.replace(system_prompt="Be <brief>."), store=store, chat=fake_chat,
+                     daemon=daemon)
+    html = app.test_client().get("/").get_data(as_text=True)
+    assert 'id="system-prompt"' in html and 'id="system-shown"' in html
+    data = re.search(r'<script type="application/json" id="page-data">(.*?)</script>', html)
+    assert jsonlib.loads(data.group(1))["system_prompt"] == "Be <brief>."
+    assert "<brief>" not in html  # escaped inside the JSON

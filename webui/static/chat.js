@@ -1,6 +1,7 @@
 /* The chat page: streaming replies (fetch + ReadableStream reading Server-Sent Events),
  * Stop, Regenerate, New conversation, the list of past conversations, and a rating panel
- * under each reply. Keys 1-5 rate the latest reply. */
+ * under each reply. Keys 1-5 rate the latest reply. A conversation's system prompt can be
+ * edited until its first message (it starts as config.yaml's system_prompt), then shows. */
 "use strict";
 
 (() => {
@@ -55,6 +56,16 @@
     text($("conversation-title"), title || "New conversation");
   }
 
+  /** The system prompt: editable (``editable``) until the conversation has a turn, else
+   * shown read-only when there is one. */
+  function showSystem(value, editable) {
+    $("system-box").hidden = !editable;
+    if (editable) $("system-prompt").value = value || "";
+    const shown = (value || "").trim();
+    $("system-shown").hidden = editable || !shown;
+    text($("system-text"), shown);
+  }
+
   // --- conversations -----------------------------------------------------------------
 
   async function loadConversations() {
@@ -83,6 +94,7 @@
       newConversation(false);
       state.conversationId = conversation.conversation_id;
       setTitle(conversation.title);
+      showSystem(conversation.system_prompt, turns.length === 0);
       for (const t of turns) {
         const view = turnNode(t.user_message);
         text(view.replyText, t.reply);
@@ -107,6 +119,7 @@
     $("empty-hint").hidden = false;
     $("regenerate").disabled = true;
     setTitle(null);
+    showSystem(data.system_prompt, true);
     if (updateUrl !== false) {
       history.replaceState(null, "", "/");
       loadConversations();
@@ -148,9 +161,11 @@
     const controller = new AbortController();
     state.abort = controller;
     let finished = false;
+    const body = {message, conversation_id: state.conversationId, stream: true};
+    const system = $("system-box").hidden ? null : $("system-prompt").value;
+    if (system !== null) body.system_prompt = system;  // "" = none
     try {
-      const response = await api("POST", "/api/chat",
-        {message, conversation_id: state.conversationId, stream: true},
+      const response = await api("POST", "/api/chat", body,
         {raw: true, signal: controller.signal});
       const reader = response.body.getReader();
       const decoder = new TextDecoder();
@@ -166,6 +181,7 @@
           if (!parsed) continue;
           if (parsed.event === "start") {
             state.streamId = parsed.data.stream_id;
+            if (system !== null) showSystem(system, false);  // fixed from now on
             if (state.conversationId === null) {
               state.conversationId = parsed.data.conversation_id;
               setTitle(message.slice(0, 60));
@@ -260,6 +276,7 @@
     }
   });
 
+  showSystem(data.system_prompt, true);
   const wanted = new URLSearchParams(location.search).get("conversation");
   if (wanted && /^\d+$/.test(wanted)) openConversation(Number(wanted));
   else loadConversations();

@@ -1,6 +1,6 @@
 /* The history page: past turns with rating, tags, the reward the current mapper assigns,
- * and the checkpoint that produced each; filters by rating, tag and date; forget a turn
- * or a whole conversation. */
+ * the checkpoint that produced each, and their conversation's system prompt; filters by
+ * rating, tag and date; forget a turn or a whole conversation. */
 "use strict";
 
 (() => {
@@ -60,7 +60,10 @@
       el("td", {"data-label": "Conversation"},
          el("a", {href: `/?conversation=${t.conversation_id}`}, `#${t.conversation_id}`),
          ` turn ${t.index}`),
-      el("td", {"data-label": "Message", class: "message-cell"}, longText(t.user_message, 120)),
+      el("td", {"data-label": "Message", class: "message-cell"},
+         t.system_prompt ? el("div", {class: "muted system-note"},
+                              longText(`System: ${t.system_prompt}`, 70)) : null,
+         longText(t.user_message, 120)),
       el("td", {"data-label": "Reply", class: "message-cell"},
          longText(t.reply, 160), t.interrupted ? el("em", {class: "muted"}, " (stopped)") : null),
       el("td", {"data-label": "Rating", class: "rating-cell"},
