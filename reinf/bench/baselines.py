@@ -159,10 +159,10 @@ def quiet():
 def load_trainable(config, store):
     """The base on the training device with the active checkpoint's adapter (trainable), or
     a fresh adapter seeded exactly as a first PPO round seeds its own."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
 
-    from reinf.lora import fan_in_fan_out, lora_targets
-    from reinf.training.session import load_base, prepare_for_training, resolve_train_device
+    from reinf.training.session import (fresh_adapter, load_base, prepare_for_training,
+                                        resolve_train_device)
 
     loaded = load_base(config, resolve_train_device(config)[0])
     active = store.active_checkpoint()
@@ -171,14 +171,7 @@ def load_trainable(config, store):
         if active is not None:
             model = PeftModel.from_pretrained(model, active.path, is_trainable=True)
         else:
-            targets = lora_targets(model, config.lora.target_modules)
-            lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
-                              lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
-                              target_modules=targets,
-                              fan_in_fan_out=fan_in_fan_out(model, targets))
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(config.ppo.seed)
-                model = get_peft_model(model, lora)
+            model = fresh_adapter(model, config, seed=config.ppo.seed)
     return model, loaded, active.id if active else None
 
 

@@ -39,23 +39,17 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
     ``dtype``, ``name``), e.g. a randomly initialised model built in memory; default: the
     configured model, loaded for training. Its model gets a fresh LoRA adapter.
     """
-    from peft import LoraConfig, get_peft_model
-
-    from reinf.lora import fan_in_fan_out, lora_targets
     from reinf.modeling import quiet_peft
-    from reinf.training.session import load_base, prepare_for_training, resolve_train_device
+    from reinf.training.session import (fresh_adapter, load_base, prepare_for_training,
+                                        resolve_train_device)
 
     if loaded is None:
         loaded = load_base(config, resolve_train_device(config)[0])
     device = torch.device(loaded.device)
     model = prepare_for_training(loaded, config.ppo.gradient_checkpointing)
-    targets = lora_targets(model, config.lora.target_modules)
-    lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
-                      lora_dropout=config.lora.dropout, target_modules=targets,
-                      fan_in_fan_out=fan_in_fan_out(model, targets), task_type="CAUSAL_LM")
     torch.manual_seed(seed)
     with quiet_peft():
-        peft_model = get_peft_model(model, lora)
+        peft_model = fresh_adapter(model, config, seed=seed)
     policy = Policy(peft_model,
                     ValueHead(model.config.get_text_config().hidden_size).to(device),
                     amp_dtype=torch.bfloat16 if device.type == "cuda"

@@ -88,7 +88,7 @@ def prepare_for_training(loaded, gradient_checkpointing: bool):
 
 def build_session(config, store) -> Session:
     """Load the base, then the active checkpoint (or a fresh adapter) and all PPO state."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
 
     device, warnings = resolve_train_device(config)
     loaded = load_base(config, device)
@@ -108,14 +108,7 @@ def build_session(config, store) -> Session:
             state = ckpt.state
             warnings += _lora_drift(config, peft_model)
         else:
-            targets = lora_targets(model, config.lora.target_modules)
-            lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
-                              lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
-                              target_modules=targets,
-                              fan_in_fan_out=fan_in_fan_out(model, targets))
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(ppo.seed)  # LoRA's A matrices come from the global RNG
-                peft_model = get_peft_model(model, lora)
+            peft_model = fresh_adapter(model, config, seed=ppo.seed)
     value_head.to(loaded.device)
     amp = torch.bfloat16 if (str(loaded.device).startswith("cuda")
                              and torch.cuda.is_bf16_supported()) else None
@@ -145,6 +138,20 @@ def build_session(config, store) -> Session:
     limit = get_context_limit(loaded.model, loaded.tokenizer)
     return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings,
                    context_limit=limit)
+
+
+def fresh_adapter(model, config, *, seed: int):
+    """``model`` with a new LoRA adapter as ``lora.*`` says, its A matrices drawn from
+    ``seed`` (LoRA initialises them from the global RNG, which is left as it was)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = lora_targets(model, config.lora.target_modules)
+    lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
+                      lora_dropout=config.lora.dropout, task_type="CAUSAL_LM",
+                      target_modules=targets, fan_in_fan_out=fan_in_fan_out(model, targets))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, lora)
 
 
 def _after_rejection(store, parent_id: str | None) -> float:
