@@ -413,17 +413,12 @@ class Engine:
 def sample_top_p(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
     """Draw a token from ``exp(logp)`` restricted to the smallest set of top tokens whose
     mass reaches ``top_p`` (the most likely token is always kept). ``logp``: (V,)."""
-    probs = logp.exp()
-    if top_p >= 1.0:
-        return int(torch.multinomial(probs, 1, generator=gen))
-    sorted_p, order = probs.sort(descending=True)             # (V,), (V,)
-    keep = (sorted_p.cumsum(0) - sorted_p) < top_p            # mass before each token
-    choice = torch.multinomial(sorted_p * keep, 1, generator=gen)  # unnormalised is fine
-    return int(order[choice])
+    return int(sample_top_p_rows(logp[None], top_p, gen)[0])
 
 
 def sample_top_p_rows(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
-    """``sample_top_p`` for a batch: one token per row of ``logp`` (B, V) -> (B,)."""
+    """``sample_top_p`` for a batch: one token per row of ``logp`` (B, V) -> (B,).
+    The rows are unnormalised after the cut; multinomial does not need them normalised."""
     probs = logp.exp()
     if top_p >= 1.0:
         return torch.multinomial(probs, 1, generator=gen).squeeze(1)

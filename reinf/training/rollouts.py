@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 import random
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -132,9 +131,3 @@ def _sample_batch(model, tokenizer, chunk, eos: set[int], gen, device, keep, *,
                                     "stop" if stopped[i] else "length"))
     return replies
 
-
-def timed(fn, *args, **kwargs):
-    """(result, seconds)."""
-    started = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - started

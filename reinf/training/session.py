@@ -186,24 +186,31 @@ def _leaves(names: set[str]) -> str:
     return ", ".join(sorted({n.rsplit(".", 1)[-1] for n in names})) or "no layer"
 
 
+def unreadable(session: Session, prompt_ids, reply_ids) -> str | None:
+    """Why the model cannot read prompt + reply ("no_prompt", "too_long", "bad_tokens"),
+    or None. The rating model and PPO skip the same turns for the same reasons."""
+    ids = list(prompt_ids) + list(reply_ids)
+    vocab = session.policy.model.get_input_embeddings().num_embeddings
+    if not prompt_ids:
+        return "no_prompt"
+    if session.context_limit and len(ids) > session.context_limit:
+        return "too_long"
+    if min(ids) < 0 or max(ids) >= vocab:
+        return "bad_tokens"
+    return None
+
+
 def select_episodes(session: Session, kept) -> tuple[list[tuple], dict[str, int]]:
     """(prompt_ids, reply_ids, logprobs, temperature, reward, weight) per usable sample,
     and how many were skipped for which reason."""
-    max_ctx = session.context_limit
-    vocab = session.policy.model.get_input_embeddings().num_embeddings
     skipped = {"logprobs_mismatch": 0, "too_long": 0, "no_prompt": 0, "bad_tokens": 0,
                "bad_temperature": 0}
     episodes = []
     for sample, row in kept:
-        ids = list(sample.prompt_ids) + list(sample.reply_ids)
         if len(sample.logprobs) != len(sample.reply_ids):
             skipped["logprobs_mismatch"] += 1
-        elif not sample.prompt_ids:
-            skipped["no_prompt"] += 1
-        elif max_ctx and len(ids) > max_ctx:
-            skipped["too_long"] += 1
-        elif min(ids) < 0 or max(ids) >= vocab:
-            skipped["bad_tokens"] += 1
+        elif reason := unreadable(session, sample.prompt_ids, sample.reply_ids):
+            skipped[reason] += 1
         elif not sample.temperature > 0:
             skipped["bad_temperature"] += 1
         else:

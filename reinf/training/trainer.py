@@ -117,7 +117,13 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     report = progress or (lambda event: None)
     now = now or datetime.now(timezone.utc)
     # 1. The person's ratings, mapped to rewards (a broken hook stops the round here).
-    samples = store.training_samples(config.ppo.replay_buffer_size)
+    # One read serves both: PPO's replay buffer is the newest part of what the rating model
+    # is fitted on.
+    rated = store.training_samples(max(config.ppo.replay_buffer_size,
+                                       config.training.rating_model_max)
+                                   if config.training.method == "rollouts"
+                                   else config.ppo.replay_buffer_size)
+    samples = rated[:config.ppo.replay_buffer_size]
     report({"stage": "rewards", "samples": len(samples)})
     rows = compute_rewards(config, samples, now=now)
     by_turn = {row.turn_id: row for row in rows}
@@ -132,7 +138,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                             fix="rate replies the current model produced (`reinf chat`)")
     counters = session.counters
     # 2. The rating model, fitted on every rating; it decides the round's mode.
-    plan = plan_round(config, store, session, report)
+    plan = plan_round(config, rated, session, report)
     hp = Hyper.from_config(config.ppo)
     groups = None
     round_metrics: dict[str, Any] = {"mode": plan.mode, "mode_reason": plan.reason,
@@ -160,8 +166,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                 "global_step": counters["global_step"] + metrics["steps"],
                 "samples_seen": counters["samples_seen"] + len(b)}
     metrics.update(counters, **round_metrics, advantage=hp.advantage,
-                   reward_mean=float(b.rewards.mean()) if not config.ppo.normalize_rewards
-                   else sum(e[4] for e in episodes) / len(episodes),
+                   reward_mean=sum(e[4] for e in episodes) / len(episodes),
                    human_reward_mean=sum(r.reward for _, r in kept) / max(len(kept), 1),
                    reward_stats_mean=session.reward_stats.mean,
                    reward_stats_std=session.reward_stats.std,
@@ -217,9 +222,10 @@ class RoundPlan:
     metrics: dict[str, Any]
 
 
-def plan_round(config, store, session, report) -> RoundPlan:
-    """Fit the rating model on every rating that is not forgotten and decide the mode: fresh
-    rollouts once it is trustworthy, else the rated replies alone (the cold start)."""
+def plan_round(config, rated, session, report) -> RoundPlan:
+    """Fit the rating model on the ``rated`` samples (every rating that is not forgotten,
+    newest first) and decide the mode: fresh rollouts once it is trustworthy, else the
+    rated replies alone (the cold start)."""
     from reinf.training.rating_model import fit_rating_model, reply_features
 
     t = config.training
@@ -227,7 +233,7 @@ def plan_round(config, store, session, report) -> RoundPlan:
         return RoundPlan("rated", "training.method is rated", None, {})
     report({"stage": "rating_model"})
     started = time.perf_counter()
-    rated = [s for s in store.training_samples(t.rating_model_max) if usable(session, s)]
+    rated = [s for s in rated[:t.rating_model_max] if usable(session, s)]
     metrics: dict[str, Any] = {"rating_model_ratings": len(rated)}
     if len(rated) < t.min_ratings:
         return RoundPlan("rated", f"cold start: {len(rated)} of the {t.min_ratings} ratings the "
@@ -252,12 +258,11 @@ def plan_round(config, store, session, report) -> RoundPlan:
 
 
 def usable(session, sample) -> bool:
-    """A rated turn the models can read: prompt and reply present, in the vocabulary, and
-    within the context."""
-    ids = list(sample.prompt_ids) + list(sample.reply_ids)
-    vocab = session.policy.model.get_input_embeddings().num_embeddings
-    return bool(sample.prompt_ids and sample.reply_ids) and min(ids) >= 0 \
-        and max(ids) < vocab and len(ids) <= session.context_limit
+    """A rated turn the models can read (a reply, and nothing ``unreadable`` about it)."""
+    from reinf.training.session import unreadable
+
+    return bool(sample.reply_ids) and unreadable(session, sample.prompt_ids,
+                                                 sample.reply_ids) is None
 
 
 # --- stage 2 and 3: rollouts and their rewards --------------------------------------------
@@ -491,11 +496,6 @@ class ProgressBar:
                 bar.set_postfix_str(f"epoch {event['epoch']}/{event['epochs']} "
                                     f"kl {event['kl']:.4f} approx_kl {event['approx_kl']:.4f} "
                                     f"loss {event['loss']:+.4f}")
-
-    @property
-    def bar(self):
-        """The PPO bar, once the update has started (None before)."""
-        return self.bars.get("update")
 
     def close(self) -> None:
         for bar in self.bars.values():

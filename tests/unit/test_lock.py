@@ -96,24 +96,10 @@ def test_no_server_means_none_and_false(config):
     assert notify_rollback(config, "base") is False
 
 
-class Recorder(BaseHTTPRequestHandler):
-    seen: list = []
-    answer = (202, {"started": True, "trigger": "request"})
-    statuses: list = []
+class JSONHandler(BaseHTTPRequestHandler):
+    """A test server's handler that answers JSON and logs nothing."""
 
-    def do_GET(self):  # noqa: N802
-        Recorder.seen.append((self.path, dict(self.headers), None))
-        out = json.dumps(Recorder.statuses.pop(0)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def do_POST(self):  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers["Content-Length"] or 0))
-        Recorder.seen.append((self.path, dict(self.headers), json.loads(body)))
-        code, data = Recorder.answer
+    def answer(self, code: int, data) -> None:
         out = json.dumps(data).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -123,6 +109,21 @@ class Recorder(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+class Recorder(JSONHandler):
+    seen: list = []
+    reply = (202, {"started": True, "trigger": "request"})
+    statuses: list = []
+
+    def do_GET(self):  # noqa: N802
+        Recorder.seen.append((self.path, dict(self.headers), None))
+        self.answer(200, Recorder.statuses.pop(0))
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"] or 0))
+        Recorder.seen.append((self.path, dict(self.headers), json.loads(body)))
+        self.answer(*Recorder.reply)
 
 
 @pytest.fixture
@@ -140,11 +141,11 @@ def test_requests_reach_the_running_server_with_its_token(config, fake_server):
     cfg = config.replace(auth_token="s3cret-0123456789abcdef")
     port = fake_server.server_address[1]
     with acquire_lock(cfg, host="0.0.0.0", port=port, url=f"http://0.0.0.0:{port}/"):
-        Recorder.answer = (202, {"started": True, "trigger": "request"})
+        Recorder.reply = (202, {"started": True, "trigger": "request"})
         assert request_train(cfg) == {"started": True, "trigger": "request"}
-        Recorder.answer = (200, {"active_checkpoint": "base"})
+        Recorder.reply = (200, {"active_checkpoint": "base"})
         assert notify_rollback(cfg, None) is True
-        Recorder.answer = (409, {"error": "the engine could not load checkpoint x",
+        Recorder.reply = (409, {"error": "the engine could not load checkpoint x",
                                  "fix": "the active checkpoint is unchanged"})
         with pytest.raises(ReinfError, match="could not load checkpoint x") as err:
             notify_rollback(cfg, "x")
@@ -167,14 +168,14 @@ def test_reinf_train_can_follow_the_servers_round_to_its_end(config, fake_server
                          {"schedule": {"training": True, "last_result": old}},
                          {"schedule": {"training": True, "last_result": other}},
                          {"schedule": {"training": True, "last_result": new}}]
-    Recorder.answer = (202, {"started": True, "trigger": "request"})
+    Recorder.reply = (202, {"started": True, "trigger": "request"})
     with acquire_lock(config, host="127.0.0.1", port=port):
         out = request_train(config, wait=True, poll_seconds=0.01)
     assert out == {"started": True, "trigger": "request", "result": new}
     assert [p for p, _, _ in Recorder.seen] == ["/api/status", "/api/train", "/api/status",
                                                 "/api/status", "/api/status"]
     Recorder.statuses = [{"schedule": {"training": True, "last_result": old}}]
-    Recorder.answer = (409, {"error": "a round is already running", "status": 409,
+    Recorder.reply = (409, {"error": "a round is already running", "status": 409,
                              "started": False, "reason": "a round is already running",
                              "run_id": 7})
     with acquire_lock(config, host="127.0.0.1", port=port):
@@ -209,7 +210,7 @@ def test_reinf_train_reports_the_servers_round_like_a_foreground_one(config, hom
               "metrics": {"seconds": 2.0}, "checkpoint_id": None}
     Recorder.statuses = [{"schedule": {"last_result": None}},
                          {"schedule": {"training": False, "last_result": failed}}]
-    Recorder.answer = (202, {"started": True, "trigger": "request"})
+    Recorder.reply = (202, {"started": True, "trigger": "request"})
     with acquire_lock(config, host="127.0.0.1", port=port):
         result = invoke("train", "--json")
     assert result.exit_code == 5
@@ -226,7 +227,7 @@ def test_reinf_train_reports_the_servers_round_like_a_foreground_one(config, hom
     assert result.exit_code == 0
     assert result.stdout.strip() == good["message"] and "runs there" in result.stderr
     Recorder.statuses = [{"schedule": {"last_result": good}}]
-    Recorder.answer = (409, {"error": "nothing new to train on: no ratings since the last "
+    Recorder.reply = (409, {"error": "nothing new to train on: no ratings since the last "
                              "round", "started": False, "ratings_waiting": 0,
                              "reason": "nothing new to train on: no ratings since the last "
                                        "round"})
@@ -249,21 +250,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Pinged(BaseHTTPRequestHandler):
+class Pinged(JSONHandler):
     body = PING
     seen: list = []
 
     def do_GET(self):  # noqa: N802 - http.server's name
         Pinged.seen.append((self.path, self.headers.get("Authorization")))
-        out = json.dumps(Pinged.body).encode()
-        self.send_response(200 if self.path == "/api/ping" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args):
-        pass
+        self.answer(200 if self.path == "/api/ping" else 404, Pinged.body)
 
 
 @pytest.fixture

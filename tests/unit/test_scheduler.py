@@ -12,7 +12,6 @@ however slow the machine is, with no sleep.
 from __future__ import annotations
 
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,19 +21,10 @@ from reinf.daemon import INTERRUPTED, Daemon
 from reinf.errors import BadInput, Conflict, NotFound
 from reinf.lock import acquire_train_lock
 from reinf.scheduler import BUSY, iso, run_job
+from reinf.training.checkpoints import REQUIRED
 from reinf.worker import Outcome
+from webui_fakes import wait_for
 
-REQUIRED = ("adapter_config.json", "adapter_model.safetensors", "value_head.safetensors",
-            "trainer_state.pt", "metrics.json")
-
-
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return bool(condition())
 
 
 class FakeClock:
