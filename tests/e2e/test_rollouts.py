@@ -178,7 +178,6 @@ def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
     assert m["rating_model_ratings"] == 24 and m["rating_model_consistency"] >= 0.3
     assert m["advantage"] == "rloo" and m["rated_in_batch"] >= 1
     assert m["samples"] == 32 + m["rated_in_batch"]
-    assert m["staleness"] < 1e-3 or m["rated_in_batch"] > 0  # fresh replies: ratio 1
     active = store.active_checkpoint()
     assert (tk.lora_vector(active.path).abs() > 0).any()  # LoRA B starts at zero: it moved
     from reinf.training.checkpoints import load_rating_model
