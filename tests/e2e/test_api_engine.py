@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from conftest import clean_env
+from enginekit import hold_after_first_token
 from webui_fakes import build_daemon  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.e2e
@@ -89,7 +90,7 @@ def test_openai_client_with_the_real_engine(server, store):
     assert store.get_turn(int(chunks[-1].id.removeprefix("chatcmpl-"))).reply == text
 
 
-def test_reinf_chat_backend_over_http(server, store):
+def test_reinf_chat_backend_over_http(server, store, engine, monkeypatch):
     from reinf.client import HttpBackend
     from reinf.remote import probe_server
 
@@ -107,10 +108,13 @@ def test_reinf_chat_backend_over_http(server, store):
     assert backend.undo(turn["turn_id"])["score"] == 4
     assert store.get_turn(turn["turn_id"]).rating is None
     # a stopped reply is still stored, marked interrupted
+    gate, held = hold_after_first_token(engine, monkeypatch)  # and never samples EOS
     slow = HttpBackend(server.url, generation={"max_new_tokens": 200})
     handle = slow.send_stream("Write a list", handle.conversation_id)
     next(iter(handle))
+    assert held.wait(30)
     handle.stop()
+    gate.set()
     stopped = handle.result()
     assert stopped["interrupted"] is True and stopped["reply_tokens"] < 200
     from reinf.errors import ReinfError
