@@ -111,7 +111,8 @@ def test_reinf_chat_backend_over_http(server, store, engine, monkeypatch):
     gate, held = hold_after_first_token(engine, monkeypatch)  # and never samples EOS
     slow = HttpBackend(server.url, generation={"max_new_tokens": 200})
     handle = slow.send_stream("Write a list", handle.conversation_id)
-    next(iter(handle))
+    # wait on the engine, not on a first delta: the detokenizer may hold a token's text
+    # back until the next one, which the gate blocks
     assert held.wait(30)
     handle.stop()
     gate.set()
