@@ -384,6 +384,7 @@ class Hyper:
     value_clip: float = 0.2                 # clip range of the value update
     vf_coef: float = 0.5                    # weight of the value loss (gae only)
     ent_coef: float = 0.0                   # weight of the entropy bonus
+    kl_loss_coef: float = 0.0               # weight of the KL-to-base term in the loss
     dual_clip: float = 3.0                  # bound c > 1 on stale samples' loss; 0 = off
     max_grad_norm: float = 1.0              # gradient-norm clip; 0 = none
     target_kl: float = 0.0                  # stop when an epoch's approx_kl exceeds it; 0 = never
@@ -459,7 +460,11 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     else:  # RLOO's baseline is the other replies to the prompt: no value head to fit
         vf = torch.zeros((), device=pg.device)
     ent = weighted_mean(out.entropy, mb.mask, mb.weights)
-    loss = pg + hp.vf_coef * vf - hp.ent_coef * ent
+    # KL(new || base) on the sampled tokens, k3 (never negative); its gradient pulls each
+    # sampled token's probability back towards the base's, a low-variance pull that the
+    # sequence-level penalty in the return lacks
+    kl = weighted_mean(approx_kl(mb_logp_ref - out.logp), mb.mask, mb.weights)
+    loss = pg + hp.vf_coef * vf - hp.ent_coef * ent + hp.kl_loss_coef * kl
     if not torch.isfinite(loss):
         parts = (float(x.detach()) for x in (loss, pg, vf, ent))
         raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {})"
@@ -473,8 +478,7 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
             # against the behaviour policy, like the ratio that policy_loss clips
             "clipfrac": weighted_mean(((logratio.exp() - 1).abs() > hp.ppo_clip).float(),
                                       mb.mask, mb.weights),
-            # live KL to the base on the sampled tokens (k3: never negative), for progress
-            "kl": weighted_mean(approx_kl(mb_logp_ref - out.logp), mb.mask, mb.weights),
+            "kl": kl.detach(),  # live KL to the base on the sampled tokens, for progress
         }
     return loss, stats
 
