@@ -132,6 +132,10 @@ class PPOConfig:
     advantage: str = setting("rloo", "baseline of rollout rounds: rloo = leave-one-out over the "
                                      "replies to one prompt; gae = value head + GAE",
                              choices=("rloo", "gae"))
+    advantage_scale: str = setting("batch", "what advantages are divided by: batch = this "
+                                            "round's std (whitening); running = their std over "
+                                            "every round so far, so steps shrink once replies "
+                                            "score alike", choices=("batch", "running"))
     gamma: float = setting(1.0, "discount of GAE", min=0.0, max=1.0)
     lam: float = setting(0.95, "lambda of GAE", min=0.0, max=1.0)
     replay_buffer_size: int = setting(256, "newest rated turns revisited in a round", min=1)

@@ -166,7 +166,9 @@ def _goal_lines(g: dict) -> list[str]:
         f"  {box(fewer)} fewer ratings to the held target than every baseline: reinf "
         f"{_num(fewer['reinf'], '.0f', 'not held in every seed')}; " + ", ".join(others),
         f"  {box(rm)} rating model Spearman >= 0.8 at the first round after 48 ratings: "
-        f"{_agg(rm['spearman'], '.2f')}"]
+        f"{_agg(rm['spearman'], '.2f')}"
+        + (f"; a perfect predictor of those ratings: {_agg(rm['ceiling'], '.2f')}"
+           if (rm.get("ceiling") or {}).get("mean") is not None else "")]
 
 
 def series(report: dict) -> dict[str, dict[str, list[float]]]:

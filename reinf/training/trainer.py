@@ -161,7 +161,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     report({"stage": "update", "done": 0, "total": hp.ppo_epochs
             * math.ceil(len(b) / hp.batch_size)})
     metrics = train_policy(session.policy, session.optimizer, b, session.kl_ctl, hp,
-                           seed=config.ppo.seed + counters["round"], progress=progress)
+                           seed=config.ppo.seed + counters["round"], progress=progress,
+                           advantage_stats=session.advantage_stats)
     counters = {"round": counters["round"] + 1,
                 "global_step": counters["global_step"] + metrics["steps"],
                 "samples_seen": counters["samples_seen"] + len(b)}
@@ -195,7 +196,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     report({"stage": "checkpoint", "checkpoint_id": ckpt_id})
     state = {"version": STATE_VERSION, "optimizer": session.optimizer.state_dict(),
              "kl_controller": session.kl_ctl.state_dict(),
-             "reward_stats": session.reward_stats.state_dict(), **counters}
+             "reward_stats": session.reward_stats.state_dict(),
+             "advantage_stats": session.advantage_stats.state_dict(), **counters}
     lineage = {"checkpoint_id": ckpt_id, "parent_id": session.parent_id, "run_id": run_id,
                "base_model": session.loaded.name}
     path = checkpoints.write_checkpoint(
@@ -226,7 +228,7 @@ def plan_round(config, rated, session, report) -> RoundPlan:
     """Fit the rating model on the ``rated`` samples (every rating that is not forgotten,
     newest first) and decide the mode: fresh rollouts once it is trustworthy, else the
     rated replies alone (the cold start)."""
-    from reinf.training.rating_model import fit_rating_model, reply_features
+    from reinf.training.rating_model import fit_rating_model, reply_features, spearman_ceiling
 
     t = config.training
     if t.method == "rated":
@@ -243,6 +245,7 @@ def plan_round(config, rated, session, report) -> RoundPlan:
     model = fit_rating_model(features, [s.score for s in rated], heads=t.rating_heads,
                              seed=config.ppo.seed + session.counters["round"])
     metrics.update(rating_model_consistency=model.consistency,
+                   rating_model_consistency_ceiling=spearman_ceiling([s.score for s in rated]),
                    rating_model_strength=model.strength,
                    rating_model_seconds=time.perf_counter() - started)
     if model.consistency is None:

@@ -7,7 +7,8 @@ import torch
 
 from reinf.training.ppo import (Hyper, KLController, RunningMoments, ValueHead, approx_kl,
                                 build_rollout, build_token_rewards, compute_gae, compute_rloo,
-                                explained_variance, policy_loss, value_loss, weighted_mean, whiten)
+                                explained_variance, policy_loss, scale_advantages, value_loss,
+                                weighted_mean, whiten)
 
 
 def close(actual, expected, tol=1e-5):
@@ -58,6 +59,19 @@ def test_whiten_uses_sample_weights_and_leaves_padding_zero():
     out = whiten(x, mask, weights)
     close(out, [[-1.5075567, -0.3015113], [0.9045340, 0.0]])
     close(weighted_mean(x, mask, weights), 2.25)
+
+
+def test_running_scale_lets_advantages_shrink_when_the_batch_agrees():
+    mask, weights = torch.ones(4, 3), torch.ones(4)
+    spread = torch.tensor([[2.0], [-2.0], [1.0], [-1.0]]).expand(4, 3)
+    running = RunningMoments()
+    first = scale_advantages(spread + 5, mask, weights, running)  # first round: = whitening
+    close(first.tolist(), whiten(spread, mask, weights).tolist())
+    calm = scale_advantages(spread / 10, mask, weights, running)  # replies now score alike
+    assert float(calm.abs().max()) < 0.2 * float(first.abs().max())
+    assert float(whiten(spread / 10, mask, weights).abs().max()) == \
+        pytest.approx(float(first.abs().max()))                 # whitening would not shrink
+    assert running.count == 24
 
 
 def test_zero_weight_sample_does_not_count():

@@ -131,6 +131,19 @@ def test_spearman_matches_the_definition_with_ties():
     assert spearman([1, 2, 3], [5, 5, 5]) is None and spearman([1, 2], [1, 2]) is None
 
 
+def test_the_spearman_ceiling_is_what_a_perfect_untied_predictor_scores():
+    from reinf.training.rating_model import spearman_ceiling
+
+    assert spearman_ceiling([1, 2, 3, 4, 5]) == pytest.approx(1.0)       # no ties: 1
+    for p in (0.5, 0.8):  # two values, a share p high: sqrt(3 p (1 - p)) in the limit
+        y = [5] * int(1000 * p) + [1] * int(1000 * (1 - p))
+        assert spearman_ceiling(y) == pytest.approx((3 * p * (1 - p)) ** 0.5, abs=2e-3)
+        # a predictor that ranks every pair of unequal ratings right reaches it exactly
+        noisy = [s + i * 1e-6 for i, s in enumerate(y)]
+        assert spearman(noisy, y) == pytest.approx(spearman_ceiling(y))
+    assert spearman_ceiling([5, 5, 5]) is None
+
+
 def test_ratings_to_target_uses_the_rolling_window():
     assert ratings_to_target([1, 1, 5, 5, 5, 5], window=4, target=4.0) == 5
     assert ratings_to_target([1, 1, 5, 5, 5, 5], window=4, target=4.5) == 6
