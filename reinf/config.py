@@ -120,8 +120,9 @@ class PPOConfig:
                                              "by their running std (stats always reported)")
     max_grad_norm: float = setting(1.0, "gradient-norm clip", min=0.0)
     kl_coef: float = setting(0.1, "initial per-token KL penalty to the base model", min=0.0)
-    kl_loss_coef: float = setting(0.0, "weight of a per-token KL-to-base term in the loss "
-                                       "(k3 on the sampled tokens, as GRPO); 0 = off", min=0.0)
+    kl_loss_coef: float = setting(0.1, "weight of the KL to the base in the loss of rollout "
+                                       "rounds (k3 on the sampled tokens, as in GRPO); 0 = off",
+                                  min=0.0)
     adaptive_kl: bool = setting(True, "adapt kl_coef to hold KL near kl_target")
     kl_target: float = setting(0.05, "KL per token the adaptive controller aims at", min=0.0)
     kl_horizon: int = setting(1000, "samples over which the KL controller adapts", min=1)
@@ -132,10 +133,6 @@ class PPOConfig:
     advantage: str = setting("rloo", "baseline of rollout rounds: rloo = leave-one-out over the "
                                      "replies to one prompt; gae = value head + GAE",
                              choices=("rloo", "gae"))
-    advantage_scale: str = setting("batch", "what advantages are divided by: batch = this "
-                                            "round's std (whitening); running = their std over "
-                                            "every round so far, so steps shrink once replies "
-                                            "score alike", choices=("batch", "running"))
     gamma: float = setting(1.0, "discount of GAE", min=0.0, max=1.0)
     lam: float = setting(0.95, "lambda of GAE", min=0.0, max=1.0)
     replay_buffer_size: int = setting(256, "newest rated turns revisited in a round", min=1)

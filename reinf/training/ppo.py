@@ -272,21 +272,6 @@ def whiten(x: Tensor, mask: Tensor, weights: Tensor, eps: float = 1e-8) -> Tenso
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
-def scale_advantages(x: Tensor, mask: Tensor, weights: Tensor,
-                     running: "RunningMoments | None" = None) -> Tensor:
-    """Centre the advantages on this batch, then divide by this batch's std (``whiten``) or,
-    given ``running``, by their std over every round so far (this one included).
-
-    With the running scale, a round whose replies all score alike (the preference is
-    learnt) gets small advantages and so small steps, where whitening would blow them back
-    up to unit size and keep the policy drifting on the rating model's noise."""
-    if running is None:
-        return whiten(x, mask, weights)
-    centred = (x - weighted_mean(x, mask, weights)) * mask
-    running.update(centred[mask > 0])
-    return centred / max(running.std, 1e-8)
-
-
 # --- losses and diagnostics ---------------------------------------------------------------
 
 def check_dual_clip(dual_clip: float) -> None:
@@ -387,7 +372,6 @@ class RunningMoments:
 # --- the update loop --------------------------------------------------------------------
 
 ADVANTAGES = ("gae", "rloo")
-ADVANTAGE_SCALES = ("batch", "running")
 
 
 @dataclass
@@ -408,14 +392,10 @@ class Hyper:
     lam: float = 0.95                       # GAE lambda
     gradient_checkpointing: bool = False    # recompute activations in the backward pass
     advantage: str = "gae"                  # baseline: "gae" (value head) or "rloo" (groups)
-    advantage_scale: str = "batch"          # divide by this batch's std, or the running one
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(ADVANTAGES)}")
-        if self.advantage_scale not in ADVANTAGE_SCALES:
-            raise ValueError(f"advantage_scale {self.advantage_scale!r} is not one of "
-                             f"{', '.join(ADVANTAGE_SCALES)}")
         check_dual_clip(self.dual_clip)
 
     @classmethod
@@ -508,13 +488,8 @@ Progress = Callable[[dict], None]
 
 def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                  kl_ctl: KLController, hp: Hyper, *, seed: int = 0,
-                 progress: Progress | None = None,
-                 advantage_stats: RunningMoments | None = None) -> dict:
-    """One PPO round over the prepared batch ``b``; returns CleanRL-named metrics.
-
-    ``advantage_stats`` carries the advantages' spread across rounds; with
-    ``hp.advantage_scale == "running"`` they are divided by it instead of this batch's std.
-    """
+                 progress: Progress | None = None) -> dict:
+    """One PPO round over the prepared batch ``b``; returns CleanRL-named metrics."""
     started = time.perf_counter()
     gae = hp.advantage == "gae"
     # 1. Old policy, reference and values, before any update (CleanRL's rollout phase).
@@ -531,9 +506,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         b_advantages, _ = compute_rloo(b.rewards, b_logp_old, b_logp_ref, b.mask, kl_ctl.coef,
                                        b.groups)
         b_returns = b_values  # unused: no value loss
-    b_adv_white = scale_advantages(b_advantages, b.mask, b.weights,
-                                   advantage_stats if hp.advantage_scale == "running" else None)
-    advantage_std = float(weighted_mean(b_adv_white ** 2, b.mask, b.weights).sqrt())
+    b_adv_white = whiten(b_advantages, b.mask, b.weights)
     # 3. Epochs over shuffled minibatches. The minibatches of each optimizer step are the
     #    same every epoch (only which samples fill them is reshuffled).
     params = policy.parameters()
@@ -600,7 +573,6 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                                else math.nan),
         "entropy": mean["entropy"], "samples": len(b), "tokens": int(b.mask.sum()),
         "kl_coef": kl_coef_used, "kl_coef_next": kl_ctl.coef, "grad_norm": mean["grad_norm"],
-        "advantage_std": advantage_std,
         "epochs_run": epochs_run, "steps": steps, "early_stopped": early_stopped,
         "early_stop_epoch": epochs_run if early_stopped else None, "nan": nan,
         "update_seconds": time.perf_counter() - started,

@@ -37,7 +37,6 @@ class Session:
     loaded: Any                      # reinf.modeling.LoadedModel
     warnings: list[str] = field(default_factory=list)
     context_limit: int = 0           # longest prompt + reply the model takes, in tokens
-    advantage_stats: RunningMoments = field(default_factory=RunningMoments)
 
 
 # --- model, adapter and state ---------------------------------------------------------------
@@ -133,15 +132,12 @@ def build_session(config, store) -> Session:
     stats = RunningMoments()
     if state.get("reward_stats"):
         stats.load_state_dict(state["reward_stats"])
-    advantage_stats = RunningMoments()
-    if state.get("advantage_stats"):
-        advantage_stats.load_state_dict(state["advantage_stats"])
     counters = {k: int(state.get(k, 0)) for k in ("round", "global_step", "samples_seen")}
     from reinf.modeling import get_context_limit
 
     limit = get_context_limit(loaded.model, loaded.tokenizer)
     return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings,
-                   context_limit=limit, advantage_stats=advantage_stats)
+                   context_limit=limit)
 
 
 def fresh_adapter(model, config, *, seed: int):

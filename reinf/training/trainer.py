@@ -151,7 +151,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             seed=config.ppo.seed + counters["round"], report=report)
         round_metrics.update(rollout_metrics)
     else:
-        hp = dataclasses.replace(hp, advantage="gae")  # today's method, as it always was
+        # today's method, as it always was: GAE, the KL penalty in the reward only
+        hp = dataclasses.replace(hp, advantage="gae", kl_loss_coef=0.0)
     device = session.loaded.device
     b = build_rollout(episodes, device, groups=groups)
     session.reward_stats.update(b.rewards)
@@ -161,8 +162,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     report({"stage": "update", "done": 0, "total": hp.ppo_epochs
             * math.ceil(len(b) / hp.batch_size)})
     metrics = train_policy(session.policy, session.optimizer, b, session.kl_ctl, hp,
-                           seed=config.ppo.seed + counters["round"], progress=progress,
-                           advantage_stats=session.advantage_stats)
+                           seed=config.ppo.seed + counters["round"], progress=progress)
     counters = {"round": counters["round"] + 1,
                 "global_step": counters["global_step"] + metrics["steps"],
                 "samples_seen": counters["samples_seen"] + len(b)}
@@ -196,8 +196,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     report({"stage": "checkpoint", "checkpoint_id": ckpt_id})
     state = {"version": STATE_VERSION, "optimizer": session.optimizer.state_dict(),
              "kl_controller": session.kl_ctl.state_dict(),
-             "reward_stats": session.reward_stats.state_dict(),
-             "advantage_stats": session.advantage_stats.state_dict(), **counters}
+             "reward_stats": session.reward_stats.state_dict(), **counters}
     lineage = {"checkpoint_id": ckpt_id, "parent_id": session.parent_id, "run_id": run_id,
                "base_model": session.loaded.name}
     path = checkpoints.write_checkpoint(

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from reinf.training.ppo import (Hyper, KLController, RunningMoments, ValueHead, approx_kl,
+from reinf.training.ppo import (Hyper, KLController, RunningMoments, Step, ValueHead, approx_kl,
                                 build_rollout, build_token_rewards, compute_gae, compute_rloo,
-                                explained_variance, policy_loss, scale_advantages, value_loss,
+                                explained_variance, minibatch_loss, policy_loss, value_loss,
                                 weighted_mean, whiten)
 
 
@@ -59,19 +59,6 @@ def test_whiten_uses_sample_weights_and_leaves_padding_zero():
     out = whiten(x, mask, weights)
     close(out, [[-1.5075567, -0.3015113], [0.9045340, 0.0]])
     close(weighted_mean(x, mask, weights), 2.25)
-
-
-def test_running_scale_lets_advantages_shrink_when_the_batch_agrees():
-    mask, weights = torch.ones(4, 3), torch.ones(4)
-    spread = torch.tensor([[2.0], [-2.0], [1.0], [-1.0]]).expand(4, 3)
-    running = RunningMoments()
-    first = scale_advantages(spread + 5, mask, weights, running)  # first round: = whitening
-    close(first.tolist(), whiten(spread, mask, weights).tolist())
-    calm = scale_advantages(spread / 10, mask, weights, running)  # replies now score alike
-    assert float(calm.abs().max()) < 0.2 * float(first.abs().max())
-    assert float(whiten(spread / 10, mask, weights).abs().max()) == \
-        pytest.approx(float(first.abs().max()))                 # whitening would not shrink
-    assert running.count == 24
 
 
 def test_zero_weight_sample_does_not_count():
@@ -242,3 +229,31 @@ def test_value_head_starts_at_zero():
     out = head(torch.randn(2, 3, 8))
     assert out.shape == (2, 3)
     assert torch.count_nonzero(out) == 0
+
+
+class OneTokenPolicy:
+    """A 'policy' whose log-prob of each sampled token is a free parameter."""
+    def __init__(self, logp):
+        self.logp = torch.nn.Parameter(torch.tensor(logp))
+
+    def forward(self, mb, **_):
+        return Step(self.logp, torch.zeros_like(self.logp), None)
+
+
+@pytest.mark.parametrize("kl_loss_coef", [0.0, 0.5])
+def test_kl_loss_pulls_sampled_tokens_back_towards_the_base(kl_loss_coef):
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0)])
+    policy = OneTokenPolicy([[-0.2, -3.0]])  # token 1 above the base's -1, token 2 below
+    zero = torch.zeros(1, 2)
+    hp = Hyper(advantage="rloo", kl_loss_coef=kl_loss_coef)
+    loss, stats = minibatch_loss(policy, b, zero, b.logp_behaviour, b.logp_behaviour, zero,
+                                 zero, hp)
+    loss.backward()
+    grad = policy.logp.grad[0]
+    # k3 of KL(new || base): (e^(ref-new) - 1) - (ref-new) per token, averaged
+    expected = sum((math.exp(-1 - x) - 1) - (-1 - x) for x in (-0.2, -3.0)) / 2
+    assert float(stats["kl"]) == pytest.approx(expected, rel=1e-5)
+    if kl_loss_coef == 0:
+        assert torch.count_nonzero(grad) == 0  # zero advantages and no KL term: nothing moves
+    else:  # a descent step lowers the boosted token and raises the suppressed one
+        assert grad[0] > 0 > grad[1]
