@@ -187,7 +187,9 @@ def db_recover(app, as_json):
         emit({"path": str(path), "damaged": False}, as_json, lambda d: click.echo(
             f"{d['path']} passes SQLite's quick_check: nothing to recover"))
         return
-    report = db.recover(path)
+    from reinf.recover import recover
+
+    report = recover(path)
     report["damaged"] = True
     emit(report, as_json, _print_recovery)
 
