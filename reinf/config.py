@@ -21,7 +21,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -390,7 +390,7 @@ def _build(tree: Mapping[str, Mapping[str, Any]], flat: Mapping[str, Any], *, so
     data_dir = sections["storage"].data_dir or str(home_dir({}))
     sections["storage"] = dataclasses.replace(sections["storage"], data_dir=data_dir)
     cfg = Config(**sections, source=file)
-    _check_combinations(cfg, file or "the defaults")
+    _check_combinations(cfg, lambda name: origin.get(name) or file or "the defaults")
     return cfg
 
 
@@ -510,33 +510,35 @@ def _type_name(origin: Any) -> str:
             list: "list", dict: "mapping"}.get(origin, str(origin))
 
 
-def _check_combinations(cfg: Config, where: str) -> None:
+def _check_combinations(cfg: Config, origin: Callable[[str], str]) -> None:
+    """Settings that are valid alone but not together; ``origin(name)`` says where a
+    setting's value came from (a file, an environment variable, ...)."""
     r = cfg.rewards
     if r.reward_min >= r.reward_max:
         raise ConfigError(f"reward_min ({r.reward_min}) must be below reward_max ({r.reward_max})"
-                          f" ({where})", key="reward_min", fix="e.g. reward_min: -2, reward_max: 2")
+                          f" ({origin('reward_min')})", key="reward_min", fix="e.g. reward_min: -2, reward_max: 2")
     if 0 < cfg.ppo.dual_clip <= 1:
-        raise ConfigError(f"dual_clip = {cfg.ppo.dual_clip} ({where}): a bound at or below 1 "
+        raise ConfigError(f"dual_clip = {cfg.ppo.dual_clip} ({origin('dual_clip')}): a bound at or below 1 "
                           "would flatten every negative advantage", key="dual_clip",
                           fix="set dual_clip to 0 (off) or a value above 1, such as 3")
     if cfg.ppo.batch_size > cfg.ppo.replay_buffer_size:
         raise ConfigError(f"batch_size ({cfg.ppo.batch_size}) exceeds replay_buffer_size "
-                          f"({cfg.ppo.replay_buffer_size}) ({where})", key="batch_size",
+                          f"({cfg.ppo.replay_buffer_size}) ({origin('batch_size')})", key="batch_size",
                           fix="lower batch_size or raise replay_buffer_size")
     token, min_chars = cfg.server.auth_token, 16
     make_one = f"e.g. REINF_AUTH_TOKEN=$(openssl rand -hex {min_chars})"
     if token and not token.strip():
-        raise ConfigError(f"auth_token is blank ({where})", key="auth_token",
+        raise ConfigError(f"auth_token is blank ({origin('auth_token')})", key="auth_token",
                           fix=f"set a random token of at least {min_chars} characters "
                               f"({make_one}), or remove auth_token")
     if not is_loopback(cfg.server.host) and not token:
         raise ConfigError(f"host {cfg.server.host} is reachable from other machines but "
-                          f"auth_token is not set ({where})", key="auth_token",
+                          f"auth_token is not set ({origin('host')})", key="auth_token",
                           fix=f"set auth_token ({make_one}) or bind host to 127.0.0.1")
     if not is_loopback(cfg.server.host) and len(token.strip()) < min_chars:
         raise ConfigError(f"host {cfg.server.host} is reachable from other machines but "
                           f"auth_token is only {len(token.strip())} characters; it must be at "
-                          f"least {min_chars} ({where})", key="auth_token",
+                          f"least {min_chars} ({origin('auth_token')})", key="auth_token",
                           fix=f"set a longer auth_token ({make_one}) or bind host to "
                               "127.0.0.1")
 

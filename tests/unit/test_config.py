@@ -37,6 +37,15 @@ def test_precedence_defaults_file_env_flags(tmp_path, home):
     assert cfg.server.port == 8765                             # None flags are ignored
 
 
+def test_a_bad_combination_names_where_the_value_came_from(tmp_path, home):
+    f = write(tmp_path / "c.yaml", "ppo:\n  batch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"dual_clip = 0.5 \(environment variable\)"):
+        load_config(f, environ={"REINF_HOME": str(home), "REINF_DUAL_CLIP": "0.5"})
+    write(f, "ppo:\n  dual_clip: 0.5\n")
+    with pytest.raises(ConfigError, match=r"dual_clip = 0.5 \(.*c.yaml\)"):
+        load_config(f, environ={"REINF_HOME": str(home)})
+
+
 def test_prefixed_env_wins_over_bare_name(home):
     env = {"REINF_HOME": str(home), "TRAIN_AFTER_RATINGS": "3", "REINF_TRAIN_AFTER_RATINGS": "7"}
     assert load_config(environ=env).schedule.train_after_ratings == 7
