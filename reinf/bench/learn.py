@@ -131,6 +131,7 @@ def settings_of(method: str, config) -> dict:
     out = {"learning_rate": p.learning_rate, "batch_size": p.batch_size, "epochs": p.ppo_epochs}
     if method in ("reinf", "rated"):
         out["training_method"] = "rated" if method == "rated" else config.training.method
+        out["kl_loss_coef"] = 0.0 if method == "rated" else p.kl_loss_coef
     return out
 
 
@@ -154,7 +155,8 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
     from reinf.store import Store
 
     home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{method}-"))
-    extra = {"training_method": "rated"} if method == "rated" else {}
+    # the first version's method: rated replies only, the KL penalty in the return only
+    extra = {"training_method": "rated", "kl_loss_coef": 0.0} if method == "rated" else {}
     cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=k,
                          train_interval_minutes=0.0, **extra)
     # A config file in the data directory, so a child trainer (--child) sees these settings.

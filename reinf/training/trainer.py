@@ -151,8 +151,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             seed=config.ppo.seed + counters["round"], report=report)
         round_metrics.update(rollout_metrics)
     else:
-        # today's method, as it always was: GAE, the KL penalty in the reward only
-        hp = dataclasses.replace(hp, advantage="gae", kl_loss_coef=0.0)
+        hp = dataclasses.replace(hp, advantage="gae")  # the value head, as the first version
     device = session.loaded.device
     b = build_rollout(episodes, device, groups=groups)
     session.reward_stats.update(b.rewards)
