@@ -29,6 +29,10 @@ Advantages (``Hyper.advantage``), both whitened over real tokens with the sample
   alone in its group. No value head: the value loss is 0, the head is untouched and
   ``explained_variance`` is nan.
 
+The loss adds, with weight ``kl_loss_coef``, the k3 estimate of KL(new || ref) on each
+sampled token (as GRPO does): the penalty in the return only tells a whole reply that it
+strayed; this term pulls every token back towards the base, low-variance.
+
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
 - ``approx_kl``: k3 estimate ``(r - 1) - log r``, r = new / old: this round's movement;
