@@ -120,7 +120,7 @@ class PPOConfig:
                                              "by their running std (stats always reported)")
     max_grad_norm: float = setting(1.0, "gradient-norm clip", min=0.0)
     kl_coef: float = setting(0.1, "initial per-token KL penalty to the base model", min=0.0)
-    kl_loss_coef: float = setting(0.1, "weight of the KL to the base as a loss term (k3 on the "
+    kl_loss_coef: float = setting(0.05, "weight of the KL to the base as a loss term (k3 on the "
                                        "sampled tokens, as in GRPO); 0 = off", min=0.0)
     adaptive_kl: bool = setting(True, "adapt kl_coef to hold KL near kl_target")
     kl_target: float = setting(0.05, "KL per token the adaptive controller aims at", min=0.0)
