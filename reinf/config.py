@@ -515,14 +515,16 @@ def _check_combinations(cfg: Config, origin: Callable[[str], str]) -> None:
     r = cfg.rewards
     if r.reward_min >= r.reward_max:
         raise ConfigError(f"reward_min ({r.reward_min}) must be below reward_max ({r.reward_max})"
-                          f" ({origin('reward_min')})", key="reward_min", fix="e.g. reward_min: -2, reward_max: 2")
+                          f" ({origin('reward_min')})", key="reward_min",
+                          fix="e.g. reward_min: -2, reward_max: 2")
     if 0 < cfg.ppo.dual_clip <= 1:
-        raise ConfigError(f"dual_clip = {cfg.ppo.dual_clip} ({origin('dual_clip')}): a bound at or below 1 "
-                          "would flatten every negative advantage", key="dual_clip",
+        raise ConfigError(f"dual_clip = {cfg.ppo.dual_clip} ({origin('dual_clip')}): a bound at "
+                          "or below 1 would flatten every negative advantage", key="dual_clip",
                           fix="set dual_clip to 0 (off) or a value above 1, such as 3")
     if cfg.ppo.batch_size > cfg.ppo.replay_buffer_size:
         raise ConfigError(f"batch_size ({cfg.ppo.batch_size}) exceeds replay_buffer_size "
-                          f"({cfg.ppo.replay_buffer_size}) ({origin('batch_size')})", key="batch_size",
+                          f"({cfg.ppo.replay_buffer_size}) ({origin('batch_size')})",
+                          key="batch_size",
                           fix="lower batch_size or raise replay_buffer_size")
     token, min_chars = cfg.server.auth_token, 16
     make_one = f"e.g. REINF_AUTH_TOKEN=$(openssl rand -hex {min_chars})"

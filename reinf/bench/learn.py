@@ -382,7 +382,8 @@ def summarize_round(result: dict, after: int) -> dict:
     m = result.get("metrics") or {}
     keys = ("kl", "approx_kl", "kl_coef", "reward_mean", "samples", "steps", "epochs_run", "loss",
             "explained_variance", "clipfrac", "seconds", "mode", "mode_reason",
-            "rating_model_consistency", "rating_model_consistency_ceiling", "rollouts", "predicted_score_mean", "rollout_seconds",
+            "rating_model_consistency", "rating_model_consistency_ceiling", "rollouts",
+            "predicted_score_mean", "rollout_seconds",
             "fluency_change", "staleness", "advantage")
     return {"after_ratings": after, "status": result["status"],
             "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),

@@ -23,8 +23,9 @@ reply the model is unsure of is not over-rewarded.
 **Consistency** is the cross-validated Spearman correlation between the predicted and the
 real scores of held-out ratings (leave-one-out up to 48 ratings, 10 folds beyond; the ridge
 strength is chosen inside each fold, so the figure is honest). Its ceiling is below 1 when
-ratings tie (``spearman_ceiling``: 0.87 for ratings split evenly between two values). It decides whether the round may trust the model (see
-``reinf.training.trainer``) and is reported as the "reward consistency" figure.
+ratings tie (``spearman_ceiling``: 0.87 for ratings split evenly between two values). It
+decides whether the round may trust the model (see ``reinf.training.trainer``) and is
+reported as the "reward consistency" figure.
 """
 from __future__ import annotations
 
