@@ -23,6 +23,7 @@ from reinf.errors import BadInput, StoreError
 from reinf.schema import Base, utcnow
 from reinf.store import Store
 from unit import test_forget_export as forget_tests
+from unit import test_migrations as migration_tests
 from unit import test_store as store_tests
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +68,7 @@ def test_the_server_is_found_off_path_or_the_tests_skip_saying_why(tmp_path):
 def test_upgrade_from_empty_reaches_the_current_revision(db_url):
     store = Store(db_url)
     assert db.table_names(store.engine) == TABLES
-    assert db.current_revision(store.engine) == db.head_revision() == "0002"
+    assert db.current_revision(store.engine) == db.head_revision() == "0003"
     insp = inspect(store.engine)
     for table in Base.metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {
@@ -82,6 +83,12 @@ def test_upgrade_from_empty_reaches_the_current_revision(db_url):
     assert db.current_revision(again.engine) == db.head_revision() and \
         again.counts()["turns"] == 0
     again.close()
+
+
+def test_0003_repairs_lone_surrogates_in_json_columns(db_url):
+    """The data migration on both backends (PostgreSQL's driver parses JSON columns itself,
+    and writing JSON there needs a cast)."""
+    migration_tests.check_0003_repairs_lone_surrogates(db_url)
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

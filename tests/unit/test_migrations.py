@@ -1,10 +1,12 @@
-"""Migrations: from empty, down and up again, on a current DB, and failures that stop start-up."""
+"""Migrations: from empty, down and up again, on a current DB, failures that stop start-up, and
+each revision's data changes from an older schema."""
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from reinf import db
 from reinf.errors import StoreError
@@ -17,7 +19,7 @@ TABLES = ["alembic_version", "checkpoints", "conversations", "ratings", "trainin
 def test_upgrade_from_an_empty_db(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'a.db'}")
     assert db.table_names(store.engine) == TABLES
-    assert db.current_revision(store.engine) == db.head_revision() == "0002"
+    assert db.current_revision(store.engine) == db.head_revision() == "0003"
     store.close()
 
 
@@ -100,8 +102,6 @@ def test_0002_adds_the_system_prompt_to_conversations_of_an_old_db(tmp_path):
     """A database at 0001 with conversations and turns: upgrading keeps every row, old
     conversations have no system prompt, and new ones can have one; downgrading drops
     the column and nothing else (no turn lost to a cascade)."""
-    from sqlalchemy import text
-
     url = f"sqlite:///{tmp_path / 'a.db'}"
     old = Store(url, migrate=False)
     db.upgrade(old.engine, "0001")
@@ -115,7 +115,7 @@ def test_0002_adds_the_system_prompt_to_conversations_of_an_old_db(tmp_path):
         "conversations")}
     old.close()
     store = Store(url)  # start-up migrates
-    assert db.current_revision(store.engine) == "0002"
+    assert db.current_revision(store.engine) == db.head_revision()
     conv = store.get_conversation(1)
     assert (conv.title, conv.turns, conv.system_prompt) == ("old", 1, None)
     assert store.conversation_turns(1)[0].system_prompt is None
@@ -130,4 +130,87 @@ def test_0002_adds_the_system_prompt_to_conversations_of_an_old_db(tmp_path):
     db.upgrade(store.engine)
     assert store.get_conversation(new.id).system_prompt is None  # dropped with the column
     assert store.counts()["turns"] == 1
+    store.close()
+
+
+# Rows as an older Reinf wrote them: JSON text where json.dumps escaped a lone surrogate
+# (r"\ud800"), beside clean rows that 0003 must leave byte for byte as they are (a valid
+# escaped pair, r"\ud83d\ude00", is one character, not two lone surrogates).
+OLD_ROWS = [
+    "INSERT INTO conversations (id, created_at, updated_at, title, user_id) "
+    "VALUES (1, '2026-01-01', '2026-01-01', 'old', 'local')",
+    *(f"INSERT INTO turns (id, conversation_id, \"index\", user_message, reply, model, "
+      f"gen_params, created_at, interrupted, context_forgotten) VALUES ({i}, 1, {i}, 'hi', "
+      f"'hello', '', '{params}', '2026-01-01', FALSE, FALSE)"
+      for i, params in [(1, r'{"temperature": 0.7, "stop": ["\ud800"]}'),
+                        (2, r'{"temperature": 0.7}')]),
+    *(f"INSERT INTO ratings (id, turn_id, score, tags, comment, critical, created_at, "
+      f"updated_at) VALUES ({i}, {i}, 4, '{tags}', '', FALSE, '2026-01-01', '2026-01-01')"
+      for i, tags in [(1, r'["ok", "bad \ud800 tag"]'), (2, r'["fine"]')]),
+    *(f"INSERT INTO training_runs (id, started_at, status, \"trigger\", metrics, samples) "
+      f"VALUES ({i}, '2026-01-01', 'succeeded', 'manual', '{metrics}', 3)"
+      for i, metrics in [(1, r'{"loss": 0.5, "note\udfff": {"deep": ["x\uDBFF"]}}'),
+                         (2, r'{"loss": 0.25}')]),
+    *(f"INSERT INTO checkpoints (id, path, created_at, metrics, active, status) "
+      f"VALUES ('{cid}', '/ckpt/{cid}', '2026-01-01', '{metrics}', FALSE, 'promoted')"
+      for cid, metrics in [("r0001", r'{"sample": "\ud800\ud800"}'),
+                           ("r0002", r'{"sample": "\ud83d\ude00"}')]),
+]
+CLEAN = {("turns", "gen_params", "2"): r'{"temperature": 0.7}',
+         ("ratings", "tags", "2"): r'["fine"]',
+         ("training_runs", "metrics", "2"): r'{"loss": 0.25}',
+         ("checkpoints", "metrics", "'r0002'"): r'{"sample": "\ud83d\ude00"}'}
+
+
+def raw_json(engine, table: str, column: str, key: str) -> str:
+    """A JSON column's stored text, as the database holds it."""
+    with engine.connect() as conn:
+        return conn.execute(text(f"SELECT CAST({column} AS TEXT) FROM {table} "
+                                 f"WHERE id = {key}")).scalar_one()
+
+
+def check_0003_repairs_lone_surrogates(url: str) -> None:
+    """A database at 0002 whose JSON columns hold lone surrogates: after upgrading, the store
+    reads them back as U+FFFD, every record encodes to UTF-8, and clean rows are unchanged.
+    Shared with tests/e2e/test_postgres.py, which runs it on PostgreSQL too."""
+    old = Store(url, migrate=False)
+    db.upgrade(old.engine, "0002")
+    with old.engine.begin() as conn:
+        for sql in OLD_ROWS:
+            conn.execute(text(sql))
+    old.close()
+    store = Store(url)  # start-up migrates
+    assert db.current_revision(store.engine) == db.head_revision()
+    turn = store.get_turn(1)
+    assert turn.rating.tags == ["ok", "bad \ufffd tag"]
+    assert turn.gen_params == {"temperature": 0.7, "stop": ["\ufffd"]}
+    assert store.get_run(1).metrics == {"loss": 0.5, "note\ufffd": {"deep": ["x\ufffd"]}}
+    assert store.get_checkpoint("r0001").metrics == {"sample": "\ufffd\ufffd"}
+    assert store.get_checkpoint("r0002").metrics == {"sample": "\U0001F600"}
+    assert store.get_turn(2).rating.tags == ["fine"]
+    records = [turn.to_dict(), store.get_run(1).to_dict(), store.get_checkpoint("r0001").to_dict(),
+               turn.gen_params]
+    json.dumps(records, ensure_ascii=False).encode("utf-8")  # raised before the repair
+    for (table, column, key), stored in CLEAN.items():
+        assert raw_json(store.engine, table, column, key) == stored, table
+    store.close()
+
+
+def test_0003_replaces_lone_surrogates_in_the_json_of_an_old_db(tmp_path):
+    check_0003_repairs_lone_surrogates(f"sqlite:///{tmp_path / 'a.db'}")
+
+
+def test_0003_leaves_a_value_that_is_not_json_alone(tmp_path):
+    """Not this migration's damage: it must not stop start-up over it."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    old = Store(url, migrate=False)
+    db.upgrade(old.engine, "0002")
+    with old.engine.begin() as conn:
+        for sql in OLD_ROWS[:2]:
+            conn.execute(text(sql))
+        conn.execute(text("UPDATE turns SET gen_params = '{not json' WHERE id = 1"))
+    old.close()
+    store = Store(url)
+    assert db.current_revision(store.engine) == db.head_revision()
+    assert raw_json(store.engine, "turns", "gen_params", "1") == "{not json"
     store.close()
