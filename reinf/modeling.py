@@ -285,21 +285,9 @@ def build_prompt_ids(tokenizer, history: Sequence[tuple[str, str]], message: str
 
 
 # Tokenizers whose chat template refuses a system message, so the system prompt is folded
-# into the first user message (logged once per tokenizer); ids of any that cannot be weakly
-# referenced or hashed.
+# into the first user message (logged once per tokenizer). One that cannot be weakly
+# referenced is never in the set (WeakSet says so), so it is tried every time.
 _FOLDS_SYSTEM: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_FOLDS_SYSTEM_IDS: set[int] = set()
-
-
-def _folds_system(tokenizer, add: bool = False) -> bool:
-    try:
-        if add:
-            _FOLDS_SYSTEM.add(tokenizer)
-        return tokenizer in _FOLDS_SYSTEM
-    except TypeError:
-        if add:
-            _FOLDS_SYSTEM_IDS.add(id(tokenizer))
-        return id(tokenizer) in _FOLDS_SYSTEM_IDS
 
 
 def render_chat(tokenizer, turns: Sequence[tuple[str, str]], message: str, *,
@@ -322,7 +310,7 @@ def render_chat(tokenizer, turns: Sequence[tuple[str, str]], message: str, *,
     if not system:
         return _apply_template(tokenizer, messages)
     refusal = None
-    if not _folds_system(tokenizer):
+    if tokenizer not in _FOLDS_SYSTEM:
         try:
             return _apply_template(tokenizer, [{"role": "system", "content": system}, *messages])
         except TemplateError as exc:
@@ -330,7 +318,8 @@ def render_chat(tokenizer, turns: Sequence[tuple[str, str]], message: str, *,
     messages[0] = {"role": "user", "content": f"{system}\n\n{messages[0]['content']}"}
     ids = _apply_template(tokenizer, messages)  # a template that refuses this too: raised
     if refusal is not None:
-        _folds_system(tokenizer, add=True)
+        with contextlib.suppress(TypeError):
+            _FOLDS_SYSTEM.add(tokenizer)
         log.info("the chat template of %s refuses a system message (%s); the system prompt "
                  "goes at the start of the first user message instead",
                  getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__, refusal)

@@ -240,10 +240,11 @@ def plan_round(config, rated, session, report) -> RoundPlan:
                          "rating model needs (training.min_ratings)", None, metrics)
     features = reply_features(session.policy.model, [(s.prompt_ids, s.reply_ids) for s in rated],
                               batch_size=config.ppo.batch_size * 2)
-    model = fit_rating_model(features, [s.score for s in rated], heads=t.rating_heads,
+    scores = [s.score for s in rated]
+    model = fit_rating_model(features, scores, heads=t.rating_heads,
                              seed=config.ppo.seed + session.counters["round"])
     metrics.update(rating_model_consistency=model.consistency,
-                   rating_model_consistency_ceiling=spearman_ceiling([s.score for s in rated]),
+                   rating_model_consistency_ceiling=spearman_ceiling(scores),
                    rating_model_strength=model.strength,
                    rating_model_seconds=time.perf_counter() - started)
     if model.consistency is None:

@@ -230,6 +230,18 @@ class Server:
             self.rate(turn_id, score)
         return turns
 
+    def train_rounds(self, n: int) -> list[str]:
+        """``n`` rounds through the API, each on two fresh 5-star ratings; their checkpoints."""
+        ids = []
+        for i in range(n):
+            self.chat_and_rate(2, prefix=f"round {i}")
+            before = self.schedule()["last_result"]
+            self.call("POST", "/api/train", ok=(202,))
+            result = self.wait_result(120, after=before, trigger="request")
+            assert result["status"] == "succeeded", result
+            ids.append(result["checkpoint_id"])
+        return ids
+
     def served_checkpoint(self) -> str:
         """What the engine serves now ("base" or a checkpoint id)."""
         return self.status()["model"]["active_checkpoint"]

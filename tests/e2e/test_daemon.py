@@ -104,15 +104,7 @@ def test_reinf_train_asks_the_running_server_and_a_second_server_is_refused(home
 def test_a_rollback_survives_a_restart_and_base_resets(home, servers):
     write_config(home)
     server = servers.start(home)
-    checkpoints = []
-    for round_number in range(2):
-        server.chat_and_rate(2, prefix=f"round {round_number}")
-        before = server.schedule()["last_result"]
-        server.call("POST", "/api/train", ok=(202,))
-        result = server.wait_result(120, after=before, trigger="request")
-        assert result["status"] == "succeeded", result
-        checkpoints.append(result["checkpoint_id"])
-    first, second = checkpoints
+    first, second = server.train_rounds(2)
     assert server.served_checkpoint() == second
     assert server.call("GET", "/api/checkpoints")["checkpoints"][0]["parent_id"] == first
 

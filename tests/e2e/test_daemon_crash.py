@@ -179,26 +179,13 @@ def test_sigterm_mid_reply_and_mid_round_stops_cleanly(home, servers):
     assert bool(interrupted) == done[0]["interrupted"]
 
 
-def train_rounds(server, n: int) -> list[str]:
-    """``n`` rounds through the API, each on two fresh 5-star ratings; their checkpoints."""
-    ids = []
-    for i in range(n):
-        server.chat_and_rate(2, prefix=f"round {i}")
-        before = server.schedule()["last_result"]
-        server.call("POST", "/api/train", ok=(202,))
-        result = server.wait_result(120, after=before, trigger="request")
-        assert result["status"] == "succeeded", result
-        ids.append(result["checkpoint_id"])
-    return ids
-
-
 def test_a_damaged_active_checkpoint_falls_back_to_its_nearest_intact_ancestor(home, servers):
     """A truncated adapter in the active checkpoint: the restarted server serves its parent
     (not the base model), records that choice, and says which and why; when the parent's
     adapter_config.json is garbage too, the base model."""
     write_config(home)
     server = servers.start(home)
-    first, second = train_rounds(server, 2)
+    first, second = server.train_rounds(2)
     assert server.served_checkpoint() == second
     assert server.stop() == 0
     adapter = home / "checkpoints" / second / "adapter_model.safetensors"
@@ -231,7 +218,7 @@ def test_a_published_checkpoint_without_its_row_is_adopted_or_removed(home, serv
     removed; directories with a row and names Reinf does not write are left alone."""
     write_config(home)
     server = servers.start(home)
-    (good,) = train_rounds(server, 1)
+    (good,) = server.train_rounds(1)
     run_id = server.runs()[0]["run_id"]
     assert server.stop() == 0
     root = home / "checkpoints"
