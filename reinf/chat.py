@@ -38,9 +38,11 @@ class ChatStream:
     ``stop()`` ends the reply early; ``wait()`` (or ``turn``) gives the stored TurnRecord.
     """
 
-    def __init__(self, service: "ChatService", conversation_id: int, message: str):
+    def __init__(self, service: "ChatService", conversation_id: int, message: str,
+                 stream_id: str | None = None):
         self.conversation_id = conversation_id
         self.message = message
+        self.stream_id = stream_id
         self._service = service
         self._reply_stream = None
         self._turn: TurnRecord | None = None
@@ -73,11 +75,14 @@ class ChatStream:
         """Runs in the reply's thread when it ends (see ChatService.stream)."""
         try:
             if error is None:
+                gen_params = dict(reply.gen_params)
+                if self.stream_id:  # a client's streamed completion id finds the turn later
+                    gen_params["stream_id"] = self.stream_id
                 self._turn = self._service.store.append_turn(
                     self.conversation_id, self.message, reply.text,
                     prompt_ids=reply.prompt_ids, reply_ids=reply.reply_ids,
                     logprobs=reply.logprobs, checkpoint_id=reply.checkpoint_id,
-                    model=self._service.engine.model_name, gen_params=reply.gen_params,
+                    model=self._service.engine.model_name, gen_params=gen_params,
                     ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
                     interrupted=reply.interrupted)
         finally:
@@ -131,9 +136,13 @@ class ChatService:
                 if t.reply]
 
     def stream(self, message: str, conversation_id: int | None = None, *,
-               system_prompt: str | None = None, **generation: Any) -> ChatStream:
+               system_prompt: str | None = None, stream_id: str | None = None,
+               **generation: Any) -> ChatStream:
         """Start a reply. Bad input raises BadInput (or NotFound for an unknown
         conversation) before anything is stored or generated.
+
+        ``stream_id``: the id a client saw before the turn existed (an OpenAI streamed
+        completion's), stored with the turn so that ``Store.resolve_turn`` finds it.
 
         ``system_prompt`` (None: not given): a new conversation's, instead of the config's
         ("" for none). With ``conversation_id`` it must equal the conversation's, unless that
@@ -170,7 +179,7 @@ class ChatService:
                 self._acquire(conversation_id)
             elif change:  # still no turns: this lock is held
                 self.store.update_conversation(conversation_id, system_prompt=system)
-            chat = ChatStream(self, conversation_id, message)
+            chat = ChatStream(self, conversation_id, message, stream_id)
             chat._reply_stream = self.engine.stream_prompt(prompt_ids, params,
                                                            on_finish=chat._store)
         except BaseException:

@@ -66,7 +66,8 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model_path: str = setting(DEMO_MODEL, "local directory or hub id; reinf-demo = the built-in demo")
+    model_path: str = setting(DEMO_MODEL, "a named model (`reinf models`: reinf-demo, "
+                              "smollm2-135m), a local directory or a hub id")
     device: str = setting("auto", "where the model runs", choices=("auto", "cuda", "mps", "cpu"))
     quantization: str = setting("none", "bitsandbytes base weights (CUDA only)",
                                 choices=("none", "8bit", "4bit"))
@@ -595,6 +596,9 @@ def resolve_model_path(cfg: Config) -> str:
     value = cfg.model.model_path
     if value == DEMO_MODEL:
         return str(demo_model_dir(cfg))
+    from reinf.models import KNOWN_MODELS, pulled_dir
+    if value in KNOWN_MODELS:  # a named model: `reinf pull NAME` put it here
+        return str(pulled_dir(cfg.data_dir, value))
     path = Path(value).expanduser()
     if path.is_absolute() or path.exists():
         return str(path.resolve())

@@ -174,16 +174,18 @@ class Daemon:
             self.scheduler.notify_rating()
 
     def rollback(self, target: str | None) -> dict[str, Any]:
-        """Make ``target`` (a checkpoint id, 'base', or None = the active one's parent) the
-        active adapter, in the store (persistent) and in the engine (between replies)."""
+        """Make ``target`` (a checkpoint id or a unique prefix of one, 'base', or None = the
+        active one's parent) the active adapter, in the store (persistent) and in the engine
+        (between replies)."""
         with self._swap:
             before = self.store.active_checkpoint()
             if target is None:
                 if before is None:
                     raise Conflict("the base model is already active; nothing to roll back",
                                    fix="pick a checkpoint id from `reinf checkpoints`")
-                target = before.parent_id or "base"
-            checkpoint_id = None if target == "base" else str(target)
+                checkpoint_id = before.parent_id  # an exact id: never read as a prefix
+            else:
+                checkpoint_id = self.store.resolve_checkpoint(str(target))
             record = None
             if checkpoint_id is not None:
                 record = self.store.get_checkpoint(checkpoint_id)

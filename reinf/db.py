@@ -30,6 +30,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from reinf.errors import StoreError
+from reinf.permissions import PRIVATE_DIR, create_private_file
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,9 @@ def create_db_engine(url: str, busy_timeout_ms: int = 15_000) -> Engine:
                              fix="install the database driver, or use SQLite") from None
     memory = parsed.database in (None, "", ":memory:")
     if not memory:
-        check_access(Path(parsed.database).expanduser())
+        path = Path(parsed.database).expanduser()
+        check_access(path)
+        create_private_file(path)  # 600 from the start: it holds every conversation
     engine = create_engine(
         url,
         connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
@@ -182,7 +185,7 @@ def check_access(path: Path) -> None:
 def check_directory(directory: Path) -> None:
     """``directory`` exists (it is created if not) and this process may write in it."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     except OSError as exc:
         raise ReadOnlyData(f"cannot create the data directory {directory}: "
                            f"{exc.strerror or exc}", status=503,

@@ -2,21 +2,12 @@
 
 Each reply runs in its own thread under the engine's lock, so replies are serialised and
 an adapter swap (which takes the same lock) lands only between two replies: a reply never
-mixes two adapters. The sampling loop is our own (model forward + KV cache), not
-``model.generate``, so it can record each sampled token's behaviour log-probability and
-stop between tokens.
-
-Behaviour log-probs, the quantity PPO divides by (DESIGN §7): for each sampled token,
-``log_softmax(logits.float() / temperature)[token]``, in fp32, *before* top-p filtering.
-The sampler itself draws from the top-p renormalised distribution. The PPO update
-recomputes ``logp_new`` with a plain forward and ``log_softmax(logits / T)``, without top-p,
-so the stored value must be that same quantity for ``exp(logp_new - logp_behaviour)`` to be
-exactly 1 under an unchanged adapter. (Top-p makes the true sampling distribution differ
-slightly in the tail; this is the usual choice of RLHF libraries and keeps the ratio exact.)
+mixes two adapters. Tokens come from ``reinf.sampling.decode`` (a batch of one), the
+same decoder the trainer's rollouts use, so each reply records its exact prompt and reply
+token ids and each sampled token's behaviour log-probability, and can stop between tokens.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import queue
 import threading
@@ -32,6 +23,7 @@ from reinf.adapters import Adapters, read_adapter
 from reinf.errors import BadInput, Conflict, ModelError, ReinfError
 from reinf.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
                             get_context_limit, load_model)
+from reinf.sampling import decode, eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +155,6 @@ class Engine:
         self.context_limit = get_context_limit(self.model, self.tokenizer,
                                                config.model.max_context_tokens)
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
-        self._keep = {"logits_to_keep": 1} if "logits_to_keep" in \
-            inspect.signature(self.model.forward).parameters else {}
         self._lock = threading.Lock()          # held by one reply, or one swap, at a time
         self._swaps_lock = threading.Lock()    # guards _pending
         self._pending: list[_Swap] = []
@@ -312,28 +302,28 @@ class Engine:
         logprobs: list[float] = []
         ttft_ms = None
         finish = "length"
-        past = None
-        next_input = torch.tensor([prompt], device=self.device)  # (1, T) prefill, then (1, 1)
-        while len(reply_ids) < max_new:
-            if stream.stopped:
+        steps = decode(self.model, [prompt], temperature=temperature, top_p=top_p,
+                       max_new_tokens=max_new, generator=gen, eos_ids=self.eos_ids,
+                       ignore_eos=ignore_eos)
+        while True:
+            if stream.stopped and len(reply_ids) < max_new:
                 finish = "interrupted"
                 break
-            out = self.model(input_ids=next_input, past_key_values=past, use_cache=True,
-                             **self._keep)
-            past = out.past_key_values
-            logp = torch.log_softmax(out.logits[0, -1].float() / temperature, dim=-1)  # (V,)
-            token = sample_top_p(logp, top_p, gen)
+            step = next(steps, None)  # the forward pass for this token runs here
+            if step is None:
+                break
+            token = int(step.tokens[0])
             reply_ids.append(token)
-            logprobs.append(float(logp[token]))
+            logprobs.append(float(step.logprobs[0]))
             if ttft_ms is None:
                 ttft_ms = (time.perf_counter() - started) * 1000
-            if token in self.eos_ids and not ignore_eos:
+            if bool(step.ended[0]):
                 finish = "stop"
                 break
             delta = text.add(token)
             if delta:
                 stream.emit(delta)
-            next_input = torch.tensor([[token]], device=self.device)
+        steps.close()
         tail = text.flush()
         if tail:
             stream.emit(tail)
@@ -409,32 +399,3 @@ class Engine:
                 if swap.error is None:
                     self.last_swap_pause_ms = swap.pause_ms
 
-
-def sample_top_p(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
-    """Draw a token from ``exp(logp)`` restricted to the smallest set of top tokens whose
-    mass reaches ``top_p`` (the most likely token is always kept). ``logp``: (V,)."""
-    return int(sample_top_p_rows(logp[None], top_p, gen)[0])
-
-
-def sample_top_p_rows(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
-    """``sample_top_p`` for a batch: one token per row of ``logp`` (B, V) -> (B,).
-    The rows are unnormalised after the cut; multinomial does not need them normalised."""
-    probs = logp.exp()
-    if top_p >= 1.0:
-        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)       # (B, V)
-    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
-    choice = torch.multinomial(sorted_p * keep, 1, generator=gen)  # (B, 1)
-    return order.gather(1, choice).squeeze(1)
-
-
-def eos_token_ids(model, tokenizer) -> set[int]:
-    """Every token id that ends a reply: generation_config's and config's eos_token_id (an
-    int or a list, as Llama-3's) and the tokenizer's."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "eos_token_id", None)
-        ids.update([value] if isinstance(value, int) else value or [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids

@@ -9,7 +9,9 @@ The trainer's tracebacks go to ``logs/trainer.log`` (reinf.training.trainer).
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import warnings
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
@@ -17,6 +19,50 @@ LOG_NAME = "reinf.log"
 FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s]: %(message)s"
 STDERR_FORMAT = "%(levelname)s %(name)s: %(message)s"
 MARK = "_reinf_handler"
+# Loggers whose records are for developers: they reach the log file, never the terminal
+# (a person can do nothing about a library's deprecation notice). ``py.warnings`` holds
+# Python warnings once ``quiet_libraries`` routes them through logging.
+LIBRARY_LOGGERS = ("py.warnings", "transformers", "peft", "torch", "accelerate",
+                   "huggingface_hub", "urllib3", "filelock")
+
+
+class _NotLibraries(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(record.name == n or record.name.startswith(n + ".")
+                       for n in LIBRARY_LOGGERS)
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` that logs to ``py.warnings`` (an explicit ``file`` is
+    written to, as the default does)."""
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    if file is not None:
+        file.write(text)
+        return
+    logging.getLogger("py.warnings").warning("%s", text.rstrip())
+
+
+def quiet_libraries(*, debug: bool = False) -> None:
+    """Keep libraries' warnings (transformers, peft, torch, Python's ``warnings``) out of
+    the terminal: they go to the log file, and to the terminal only with ``--debug``.
+
+    transformers logs through its own handler at WARNING; ``TRANSFORMERS_VERBOSITY`` is the
+    setting it reads when it first configures that logger (an environment variable already
+    set wins). Python warnings go through logging (``py.warnings``), where the terminal
+    handler's filter drops them. pytest's ``error`` filter still turns any warning into an
+    error in the test suite: it acts before a warning is shown.
+    """
+    if debug:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # Our own hook, not logging.captureWarnings: that one installs itself only once per
+    # process, so it stays off after anything (pytest, catch_warnings) restored the default.
+    warnings.showwarning = _log_warning
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "stream", None) is sys.stderr and not any(
+                isinstance(f, _NotLibraries) for f in handler.filters):
+            handler.addFilter(_NotLibraries())
 
 
 def log_path(config) -> Path:
@@ -56,6 +102,8 @@ def setup_logging(config, *, debug: bool = False) -> Path:
         term.setFormatter(logging.Formatter(STDERR_FORMAT))
         setattr(term, MARK, "stderr")
     term.setLevel(term_level)
+    if not debug and not any(isinstance(f, _NotLibraries) for f in term.filters):
+        term.addFilter(_NotLibraries())
     root.setLevel(min(file_level, term_level))
     # Third-party chatter (job bookkeeping, a migration check per status request) stays
     # out unless debugging.

@@ -128,6 +128,12 @@ def load_model(config: Config, *, device: str | None = None,
 def check_model_path(name: str, config: Config) -> None:
     """A local path must hold a model; a hub id is left to ``from_pretrained``."""
     path = Path(name)
+    from reinf.models import KNOWN_MODELS, is_installed, pull_fix
+    named = config.model.model_path
+    if named in KNOWN_MODELS and KNOWN_MODELS[named].source is not None \
+            and not is_installed(path):
+        raise ModelError(f"model {named} is not installed (looked in {path})",
+                         fix=pull_fix(named), key="model_path")
     looks_local = path.is_absolute() or name.startswith((".", "~")) or path.exists()
     if not looks_local:
         return

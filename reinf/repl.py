@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Callable, Iterator, Protocol, TextIO
 
+from reinf.cli.common import strip_escapes
 from reinf.errors import BadInput, ReinfError
 from reinf.store import check_score, check_tags
 
@@ -120,7 +121,8 @@ class Repl:
         self.rated: list[int] = []   # turns rated in this session, newest last (for /undo)
 
     def say(self, text: str = "", end: str = "\n") -> None:
-        self.out.write(text + end)
+        """Print a line; it may hold stored text (a reply, a tag), so escapes are stripped."""
+        self.out.write(strip_escapes(text) + end)
         self.out.flush()
 
     def run(self) -> int:
@@ -171,7 +173,7 @@ class Repl:
             if pressed:  # while it was starting: what it still sends is shown, then it ends
                 handle.stop()
             for delta in handle:
-                self.say(printable(delta), end="")
+                self.say(delta, end="")
         except KeyboardInterrupt:
             handle.stop()
         except ReinfError as exc:
@@ -316,12 +318,6 @@ def finish(handle: ReplyHandle) -> dict:
             handle.stop()
 
 
-def printable(text: str) -> str:
-    """Model output without control characters (but newlines and tabs), so a reply cannot
-    send escape sequences to the terminal."""
-    return "".join(c for c in text if c in "\n\t" or (c.isprintable() or c == " "))
-
-
 def _clip(text: str, n: int = 100) -> str:
-    flat = " ".join(printable(text).split())
+    flat = " ".join(strip_escapes(text).split())
     return flat if len(flat) <= n else flat[: n - 1] + "…"

@@ -238,30 +238,56 @@ def service_status(config, *, platform: str | None = None,
     current = path.read_text(encoding="utf-8") if installed else None
     out = {"manager": manager, "path": str(path), "installed": installed,
            "up_to_date": current == text if installed else None,
-           "active": None, "enabled": None, "daemon": locate_server(config)}
+           "active": None, "enabled": None, "manager_error": None,
+           "daemon": locate_server(config)}
     if installed:
         out.update(_ask_manager(manager))
     return out
 
 
-def _ask_manager(manager: str) -> dict[str, Any]:
-    """What systemctl / launchctl say; None where the tool is missing or cannot answer."""
-    def run(argv: list[str]) -> subprocess.CompletedProcess | None:
-        if shutil.which(argv[0]) is None:
-            return None
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
+# What systemctl prints without a user manager to talk to (a container, su, an SSH session
+# without lingering): is-active cannot answer, is-enabled may still read the unit files.
+NO_USER_BUS = ("failed to connect to bus", "dbus_session_bus_address", "xdg_runtime_dir",
+               "no medium found")
+USER_BUS_FIX = ("run it in your own login session (`loginctl enable-linger $USER` keeps "
+                "a user manager running)")
 
+
+def _ask_manager(manager: str) -> dict[str, Any]:
+    """What systemctl / launchctl say; None where the tool is missing or cannot answer,
+    and then ``manager_error`` says why."""
     if manager == "systemd":
-        answers = {}
+        answers: dict[str, Any] = {"manager_error": None}
         for key, verb in (("active", "is-active"), ("enabled", "is-enabled")):
-            done = run(["systemctl", "--user", verb, UNIT_NAME])
+            done, why = _run(["systemctl", "--user", verb, UNIT_NAME])
             word = done.stdout.strip() if done is not None else ""
             answers[key] = word if word and " " not in word else None
+            if answers[key] is None and answers["manager_error"] is None:
+                answers["manager_error"] = why or _why_systemd(done)
         return answers
-    done = run(["launchctl", "print", f"gui/{os.getuid()}/{LAUNCHD_LABEL}"])
+    done, why = _run(["launchctl", "print", f"gui/{os.getuid()}/{LAUNCHD_LABEL}"])
     loaded = None if done is None else done.returncode == 0
     return {"active": "loaded" if loaded else ("not loaded" if loaded is False else None),
-            "enabled": None}
+            "enabled": None, "manager_error": why}
+
+
+def _run(argv: list[str]) -> tuple[subprocess.CompletedProcess | None, str | None]:
+    """The finished command, or None and why it could not run."""
+    if shutil.which(argv[0]) is None:
+        return None, f"{argv[0]} is not installed"
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=5), None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{argv[0]} did not answer: {exc}"
+
+
+def _why_systemd(done: subprocess.CompletedProcess | None) -> str | None:
+    """Why systemctl gave no state: its first line of stderr, named when it is the usual
+    case of no user session."""
+    said = (done.stderr or "").strip().splitlines() if done is not None else []
+    if not said:
+        return None
+    if any(mark in said[0].lower() for mark in NO_USER_BUS):
+        return (f"systemd user session not available (no D-Bus user bus): {said[0]}; "
+                + USER_BUS_FIX)
+    return f"systemctl: {said[0]}"

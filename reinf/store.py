@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterator, Sequence
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from reinf import db
 from reinf.errors import BadInput, Conflict, NotFound, StoreError
+from reinf.permissions import secure_data_dir
 from reinf.records import (CheckpointRecord, ConversationRecord, RatingRecord, RunRecord, Sample,
                            TurnRecord)
 from reinf.schema import (Checkpoint, Conversation, Rating, TrainingRun, Turn, pack_floats,
@@ -27,6 +29,14 @@ MAX_TAGS = 20
 MAX_TAG_CHARS = 64
 MAX_COMMENT_CHARS = 4000
 RUN_STATUSES = ("running", "succeeded", "failed", "rejected")
+# OpenAI completion ids (webui/openai_api.py): a finished reply's is chatcmpl-<turn id>; the
+# early chunks of a streamed one carry chatcmpl-stream-<uuid4 hex>, kept in its turn's
+# gen_params["stream_id"], since the turn id is not known yet when they are sent.
+COMPLETION_PREFIX = "chatcmpl-"
+STREAM_PREFIX = "chatcmpl-stream-"
+STREAM_ID = re.compile(r"[0-9a-f]{32}")
+TURN_FORMS = "`last`, a turn number, or an OpenAI completion id `chatcmpl-…`"
+AMBIGUOUS_SHOWN = 10  # candidates an ambiguous checkpoint prefix lists
 
 
 def check_score(score: Any) -> int:
@@ -108,9 +118,11 @@ class Store:
 
     @classmethod
     def open(cls, config, *, migrate: bool = True) -> "Store":
-        """The store for a config: creates the data dir, checks the database (SQLite:
-        ``PRAGMA quick_check``) and brings the schema up to date."""
+        """The store for a config: creates the data dir (700; one made 755 by an older Reinf
+        is tightened, see reinf.permissions), checks the database (SQLite: ``PRAGMA
+        quick_check``) and brings the schema up to date."""
         db.check_directory(config.data_dir)
+        secure_data_dir(config)
         return cls(config.db_url, busy_timeout_ms=config.storage.busy_timeout_ms, migrate=migrate)
 
     def close(self) -> None:
@@ -236,6 +248,39 @@ class Store:
             turn_id = s.scalar(select(Turn.id).order_by(Turn.id.desc()).limit(1))
         return self.get_turn(turn_id) if turn_id is not None else None
 
+    def resolve_turn(self, ref: str) -> int:
+        """The id of the turn ``ref`` names, as a person or an OpenAI client gives it:
+        ``last``, a turn number, or a completion id (``chatcmpl-<turn id>``, or
+        ``chatcmpl-stream-<hex>`` from a streamed reply's early chunks, which is what the
+        ``llm`` CLI logs). A number is not looked up: the caller's own lookup says 404."""
+        ref = ref.strip()
+        if ref == "last":
+            last = self.last_turn()
+            if last is None:
+                raise NotFound("there are no turns yet", fix="chat first: `reinf chat`")
+            return last.id
+        if ref.startswith(STREAM_PREFIX) and STREAM_ID.fullmatch(ref[len(STREAM_PREFIX):]):
+            return self.turn_of_stream(ref[len(STREAM_PREFIX):])
+        digits = ref.removeprefix(COMPLETION_PREFIX)
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 18 or int(digits) < 1:
+            raise BadInput(f"not a turn: {_clip(ref)!r}", fix=f"give {TURN_FORMS}")
+        return int(digits)
+
+    def turn_of_stream(self, stream_id: str) -> int:
+        """The turn a streamed completion stored, by the hex id of its early chunks."""
+        # A LIKE on the JSON text (as _tag_may_match) runs on SQLite and PostgreSQL alike and
+        # reads no row's JSON but the few it keeps; the exact test is in Python.
+        query = (select(Turn.id, Turn.gen_params)
+                 .where(cast(Turn.gen_params, Text).contains(stream_id, autoescape=True)))
+        with self._session(write=False) as s:
+            rows = s.execute(query).all()
+        for turn_id, params in rows:
+            if isinstance(params, dict) and params.get("stream_id") == stream_id:
+                return turn_id
+        raise NotFound(f"no turn for the completion {STREAM_PREFIX}{stream_id}",
+                       fix="it was forgotten, or streamed before Reinf kept these ids; "
+                           "`reinf history` lists the turns")
+
     # --- ratings ----------------------------------------------------------------------
 
     def rate(self, turn_id: int, score: Any, *, tags: Any = None, comment: str | None = "",
@@ -263,8 +308,11 @@ class Store:
             return _rating(rating)
 
     def undo_rating(self, turn_id: int | None = None) -> RatingRecord | None:
-        """Delete the rating of ``turn_id``, or the most recently made one. Returns what went."""
+        """Delete the rating of ``turn_id``, or the most recently made one. Returns what went
+        (None: there was no rating). A turn that does not exist is NotFound, as for rate()."""
         with self._session(write=True) as s:
+            if turn_id is not None and s.get(Turn, turn_id) is None:
+                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
             query = select(Rating)
             query = (query.where(Rating.turn_id == turn_id) if turn_id is not None
                      else query.order_by(Rating.updated_at.desc(), Rating.id.desc()).limit(1))
@@ -507,6 +555,33 @@ class Store:
             ckpt = s.scalar(select(Checkpoint).where(Checkpoint.active.is_(True)))
             return _checkpoint(ckpt) if ckpt else None
 
+    def resolve_checkpoint(self, ref: str) -> str | None:
+        """The id of the checkpoint ``ref`` names: the id or a unique prefix of it, as git
+        takes commits (``r0005`` for ``r0005-20261125-030648-8ce1``); ``base`` names the
+        bare model (None). An exact id wins over a longer one it is a prefix of."""
+        ref = ref.strip()
+        if ref == "base":
+            return None
+        if not ref:
+            raise BadInput("no checkpoint id given",
+                           fix="give one from `reinf checkpoints`, or `base`")
+        query = (select(Checkpoint.id).where(Checkpoint.id.startswith(ref, autoescape=True))
+                 .order_by(Checkpoint.id))
+        with self._session(write=False) as s:
+            # SQLite's LIKE ignores ASCII case: the exact prefix test is in Python
+            ids = [i for i in s.scalars(query) if i.startswith(ref)]
+        if ref in ids:
+            return ref
+        if len(ids) == 1:
+            return ids[0]
+        if not ids:
+            raise NotFound(f"no checkpoint {_clip(ref)}", fix="list them with `reinf checkpoints`")
+        shown = ", ".join(ids[:AMBIGUOUS_SHOWN])
+        more = len(ids) - AMBIGUOUS_SHOWN
+        raise BadInput(f"checkpoint id {ref!r} is ambiguous: {len(ids)} checkpoints start with "
+                       f"it ({shown}{f' and {more} more' if more > 0 else ''})",
+                       fix="type more of the id")
+
     def get_checkpoint(self, checkpoint_id: str) -> CheckpointRecord:
         with self._session(write=False) as s:
             ckpt = s.get(Checkpoint, checkpoint_id)
@@ -544,6 +619,11 @@ def _tag_may_match(tag: str):
     dropped by the exact check in Python. ``autoescape`` makes ``%`` and ``_`` literal and
     sets ``ESCAPE '/'``, so the JSON's backslashes are literal on PostgreSQL too."""
     return cast(Rating.tags, Text).contains(json.dumps(tag), autoescape=True)
+
+
+def _clip(text: str, n: int = 40) -> str:
+    """Input echoed in an error: long enough to recognise, never a screenful."""
+    return text if len(text) <= n else text[:n] + "…"
 
 
 # --- ORM -> record ------------------------------------------------------------------------

@@ -19,11 +19,13 @@ import pytest
 
 
 class FakeStream:
-    def __init__(self, service, message: str, conversation_id: int, gen: dict):
+    def __init__(self, service, message: str, conversation_id: int, gen: dict,
+                 stream_id: str | None = None):
         self.service = service
         self.message = message
         self.conversation_id = conversation_id
         self.gen = gen
+        self.stream_id = stream_id
         self.turn = None
         self._stop = threading.Event()
         self._iter = self._generate()
@@ -72,7 +74,9 @@ class FakeStream:
             prompt_ids=list(range(1, len(self.message.split()) + 3)),
             reply_ids=list(range(100, 100 + n)), logprobs=[-0.5] * n,
             checkpoint_id=service.checkpoint_id, model="fake-echo",
-            gen_params={"temperature": 0.8, **self.gen}, ttft_ms=ttft,
+            gen_params={"temperature": 0.8, **self.gen,
+                        **({"stream_id": self.stream_id} if self.stream_id else {})},
+            ttft_ms=ttft,
             latency_ms=(time.perf_counter() - started) * 1000, interrupted=interrupted)
         service.finished.append(self.turn)
 
@@ -98,7 +102,8 @@ class FakeChatService:
         return pieces[:limit] if limit else pieces
 
     def stream(self, message: str, conversation_id: int | None = None, *,
-               system_prompt: str | None = None, **gen) -> FakeStream:
+               system_prompt: str | None = None, stream_id: str | None = None,
+               **gen) -> FakeStream:
         self.calls.append((message, conversation_id, gen))
         self.system_prompts.append(system_prompt)
         if conversation_id is None:  # as ChatService, less the config's default
@@ -108,7 +113,7 @@ class FakeChatService:
             if system_prompt is not None and (system_prompt.strip() or None) != \
                     conv.system_prompt:  # Conflict once it has turns
                 self.store.update_conversation(conversation_id, system_prompt=system_prompt)
-        return FakeStream(self, message, conversation_id, gen)
+        return FakeStream(self, message, conversation_id, gen, stream_id)
 
     def update_conversation(self, conversation_id: int, *, system_prompt: str | None):
         return self.store.update_conversation(conversation_id, system_prompt=system_prompt)

@@ -28,27 +28,6 @@ def version() -> str:
         return "unknown"
 
 
-def parse_turn_ref(ref: str) -> int:
-    """A turn in a URL: its id, the OpenAI completion id ``chatcmpl-<id>``, or ``last``."""
-    runtime = get_runtime()
-    if ref == "last":
-        last = runtime.store.last_turn()
-        if last is None:
-            raise NotFound("there are no turns yet", fix="chat first")
-        return last.id
-    if ref.startswith("chatcmpl-stream-"):
-        turn_id = runtime.streams.turn_of(ref.removeprefix("chatcmpl-stream-"))
-        if turn_id is None:
-            raise NotFound(f"no finished completion {ref[:60]!r} in this server's memory",
-                           fix="use the id of the final chunk (chatcmpl-<turn id>)")
-        return turn_id
-    digits = ref.removeprefix("chatcmpl-")
-    if not digits.isdigit() or not digits.isascii() or len(digits) > 18 or int(digits) < 1:
-        raise BadInput("turn id must be a positive number (or chatcmpl-<number>), got "
-                       f"{ref[:40]!r}{'...' if len(ref) > 40 else ''}")
-    return int(digits)
-
-
 @bp.get("/ping")
 def ping():
     runtime = get_runtime()
@@ -109,7 +88,7 @@ def stop(stream_id: str):
 @bp.put("/turns/<turn_ref>/rating")
 def rate(turn_ref: str):
     runtime = get_runtime()
-    turn_id = parse_turn_ref(turn_ref)
+    turn_id = runtime.store.resolve_turn(turn_ref)  # last, 12, chatcmpl-12, chatcmpl-stream-…
     body = read_json(RATING_FIELDS, required=("score",))
     rating = runtime.store.rate(turn_id, body["score"], tags=body.get("tags"),
                                 comment=body.get("comment") or "",
@@ -121,7 +100,7 @@ def rate(turn_ref: str):
 @bp.delete("/turns/<turn_ref>/rating")
 def undo(turn_ref: str):
     runtime = get_runtime()
-    turn_id = parse_turn_ref(turn_ref)
+    turn_id = runtime.store.resolve_turn(turn_ref)
     runtime.store.get_turn(turn_id)  # 404 for an unknown turn
     removed = runtime.store.undo_rating(turn_id)
     return jsonify({"removed": removed.to_dict() if removed else None})
@@ -132,14 +111,14 @@ def undo(turn_ref: str):
 @bp.get("/turns/<turn_ref>")
 def turn(turn_ref: str):
     runtime = get_runtime()
-    record = runtime.store.get_turn(parse_turn_ref(turn_ref))
+    record = runtime.store.get_turn(runtime.store.resolve_turn(turn_ref))
     return jsonify(history_rows(runtime.config, [record])["turns"][0])
 
 
 @bp.delete("/turns/<turn_ref>")
 def forget_turn(turn_ref: str):
     runtime = get_runtime()
-    return jsonify({"forgotten": runtime.store.forget_turn(parse_turn_ref(turn_ref))})
+    return jsonify({"forgotten": runtime.store.forget_turn(runtime.store.resolve_turn(turn_ref))})
 
 
 @bp.get("/history")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 
 from flask import Flask, current_app, jsonify, render_template, request
+from flask.globals import request_ctx
+from markupsafe import escape
 from werkzeug.exceptions import HTTPException
 
 from reinf.errors import ReinfError
@@ -54,6 +56,8 @@ def render_error(status: int, message: str, *, fix: str | None = None, key: str 
         if key:
             body["key"] = key
         response = jsonify(body)
+    elif request_ctx.url_adapter is None:
+        response = bare_page(status, message, fix)
     else:
         response = current_app.response_class(
             render_template("error.html", page="error", status=status, message=message, fix=fix),
@@ -62,6 +66,16 @@ def render_error(status: int, message: str, *, fix: str | None = None, key: str 
     for name, value in (headers or {}).items():
         response.headers[name] = value
     return response
+
+
+def bare_page(status: int, message: str, fix: str | None):
+    """The error page without the layout: werkzeug could not bind this request's Host to
+    the URL map (``a..b``), so ``url_for`` in base.html has nothing to build with."""
+    body = (f"<!doctype html>\n<title>Error {status}</title>\n<h1>Error {status}</h1>\n"
+            f'<p role="alert">{escape(message)}</p>\n')
+    if fix:
+        body += f"<p>{escape(fix)}</p>\n"
+    return current_app.response_class(body, mimetype="text/html")
 
 
 def describe_http_error(exc: HTTPException) -> tuple[str, str | None]:

@@ -21,8 +21,9 @@ ignored; ``n`` other than 1, tools and non-text content are refused with 400.
 
 Streaming: the turn id is known only once the reply is stored, so the final chunk (the
 one with ``finish_reason``) has id ``chatcmpl-<turn_id>`` plus ``turn_id`` and
-``conversation_id`` fields. Earlier chunks carry ``chatcmpl-stream-<hex>``, which the
-rating route also resolves while the server runs.
+``conversation_id`` fields. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
+as the ``llm`` CLI log the first chunk's id): the turn stores the hex, so ``reinf rate``
+and the rating route resolve it too, after a restart as well (Store.resolve_turn).
 """
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from reinf.errors import BadInput, NotFound, ReinfError
-from reinf.store import check_system_prompt
+from reinf.store import COMPLETION_PREFIX, STREAM_PREFIX, check_system_prompt
 from webui.params import get_id, get_number, read_json
 from webui.runtime import get_runtime
-from webui.streaming import SSE_HEADERS, Relay
+from webui.streaming import SSE_HEADERS, Relay, new_stream_id
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -212,9 +213,11 @@ def completions():
     conversation_id, new = resolve_conversation(runtime.store, pairs, user or None, explicit,
                                                 system, config.generation.system_prompt)
     created, name = int(time.time()), runtime.model_name
+    stream_id = new_stream_id()  # chosen before the reply starts: its turn stores it
     try:
         if stream:
-            reply = service.stream(message, conversation_id=conversation_id, **gen)
+            reply = service.stream(message, conversation_id=conversation_id,
+                                   stream_id=stream_id, **gen)
         else:
             turn = service.send(message, conversation_id=conversation_id, **gen)
     except Exception:
@@ -223,15 +226,15 @@ def completions():
         raise
     if not stream:
         return jsonify({
-            "id": f"chatcmpl-{turn.id}", "object": "chat.completion", "created": created,
+            "id": f"{COMPLETION_PREFIX}{turn.id}", "object": "chat.completion", "created": created,
             "model": name, "system_fingerprint": turn.checkpoint_id or "base",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.reply},
                          "logprobs": None, "finish_reason": finish_reason(turn, gen, config)}],
             "usage": usage(turn), "turn_id": turn.id, "conversation_id": turn.conversation_id})
     include_usage = isinstance(body.get("stream_options"), dict) and \
         bool(body["stream_options"].get("include_usage"))
-    stream_id = runtime.streams.add(reply)
-    provisional = f"chatcmpl-stream-{stream_id}"
+    runtime.streams.add(reply, stream_id)
+    provisional = STREAM_PREFIX + stream_id
 
     def chunk(delta: dict, reason: str | None = None, cid: str = provisional, **extra) -> str:
         return chunk_data({"id": cid, "object": "chat.completion.chunk", "created": created,
@@ -240,8 +243,7 @@ def completions():
                                                        "finish_reason": reason}], **extra})
 
     def done(turn) -> list[str]:
-        runtime.streams.remember(stream_id, turn.id)
-        final = f"chatcmpl-{turn.id}"
+        final = f"{COMPLETION_PREFIX}{turn.id}"
         out = [chunk({}, finish_reason(turn, gen, config), final, turn_id=turn.id,
                      conversation_id=turn.conversation_id)]
         if include_usage:

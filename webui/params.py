@@ -217,7 +217,14 @@ def query_datetime(name: str, *, end_of_day: bool = False) -> datetime | None:
     except ValueError:
         raise BadInput(f"query parameter '{name}' must be a date like 2025-01-31 or an ISO "
                        f"date-time, got {raw!r}", key=name) from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if not value.tzinfo:
+        return value.replace(tzinfo=timezone.utc)
+    try:  # stored times are UTC; 0001-01-01T00:00+14:00 is before year 1 there
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise BadInput(f"query parameter '{name}' is out of range: {raw!r} in UTC falls "
+                       "outside the years 1 to 9999", key=name,
+                       fix="use a date between 0001-01-02 and 9999-12-30") from None
 
 
 def query_text(name: str, *, max_chars: int = 200) -> str | None:

@@ -5,7 +5,8 @@ Checks run before every request, in this order:
 
 1. **Host** — the Host header must name this machine: localhost, 127.0.0.1, [::1]
    (any port), the bound host, or a name in ``allowed_hosts``. A page served under an
-   attacker's domain that re-resolves to 127.0.0.1 (DNS rebinding) is refused with 400.
+   attacker's domain that re-resolves to 127.0.0.1 (DNS rebinding) is refused with 400,
+   and so is a malformed Host (``[::1]evil``, ``localhost:8765/..``).
    When the server is bound off loopback (auth is then mandatory), IP literals are
    accepted too: they cannot be rebound.
 2. **Size** — a declared body above ``max_request_bytes`` is refused with 413 before it
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 import secrets
 from urllib.parse import urlsplit
 
@@ -52,13 +54,28 @@ class Refused(ReinfError):
 
 
 def split_host(value: str) -> str:
-    """The host name of a Host header, lower-cased, without port or brackets."""
+    """The host name of a configured address (``allowed_hosts``, ``host``: "::1" may come
+    without brackets), lower-cased, without port or brackets."""
     value = value.strip().lower()
     if value.startswith("["):
         return value[1:value.find("]")] if "]" in value else value
     if value.count(":") == 1:
         value = value.split(":", 1)[0]
     return value.rstrip(".")
+
+
+# RFC 9110 Host: a name or IPv4 address, or an IPv6 address in brackets, then an optional
+# port. Anything after that ("[::1]evil", "localhost:8773/..") is not a Host at all.
+HOST_HEADER = re.compile(r"(?:\[(?P<ip6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::\d{0,5})?")
+
+
+def parse_host_header(value: str) -> str | None:
+    """The host name of a Host header, lower-cased, without port or brackets; None when
+    the header is malformed."""
+    match = HOST_HEADER.fullmatch(value.strip().lower())
+    if match is None:
+        return None
+    return match["ip6"] or match["name"].rstrip(".")
 
 
 def is_ip_literal(host: str) -> bool:
@@ -91,7 +108,10 @@ class Guard:
         raw = request.headers.get("Host")
         if raw is None:  # HTTP/1.0 without Host: the server's own name is used
             return
-        host = split_host(raw)
+        host = parse_host_header(raw)
+        if host is None:
+            raise Refused(f"Host {raw!r} is not a valid host name", status=400,
+                          fix="open the UI at http://127.0.0.1 or localhost")
         if host in self.allowed or host.startswith("127.") and is_ip_literal(host):
             return
         if not self.local_only and is_ip_literal(host):

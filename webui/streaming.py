@@ -11,7 +11,6 @@ import json
 import logging
 import threading
 import uuid
-from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
 from reinf.errors import ReinfError
@@ -27,18 +26,21 @@ def sse(data: Any, event: str | None = None) -> str:
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def new_stream_id() -> str:
+    """A stream id: 32 hex digits (the form Store.resolve_turn accepts after chatcmpl-stream-)."""
+    return uuid.uuid4().hex
+
+
 class Streams:
     """Replies being generated, by stream id."""
-
-    REMEMBERED = 1000  # finished stream ids kept for rating by provisional id
 
     def __init__(self):
         self._lock = threading.Lock()
         self._active: dict[str, Any] = {}
-        self._finished: OrderedDict[str, int] = OrderedDict()
 
-    def add(self, stream) -> str:
-        stream_id = uuid.uuid4().hex
+    def add(self, stream, stream_id: str | None = None) -> str:
+        """Register ``stream``; ``stream_id`` when the caller chose it before it started."""
+        stream_id = stream_id or new_stream_id()
         with self._lock:
             self._active[stream_id] = stream
         return stream_id
@@ -54,17 +56,6 @@ class Streams:
             return False
         stream.stop()
         return True
-
-    def remember(self, stream_id: str, turn_id: int) -> None:
-        """Which turn a finished stream stored (OpenAI chunks carry the stream id)."""
-        with self._lock:
-            self._finished[stream_id] = turn_id
-            while len(self._finished) > self.REMEMBERED:
-                self._finished.popitem(last=False)
-
-    def turn_of(self, stream_id: str) -> int | None:
-        with self._lock:
-            return self._finished.get(stream_id)
 
     def stop_all(self) -> int:
         """Stop every reply in progress (server shutdown); returns how many."""

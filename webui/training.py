@@ -68,7 +68,8 @@ def rollback():
     target = body.get("checkpoint_id")
     if target is not None and (not isinstance(target, str) or not target.strip()
                                or len(target) > 64):
-        raise BadInput("'checkpoint_id' must be a checkpoint id or \"base\"", key="checkpoint_id",
+        raise BadInput("'checkpoint_id' must be a checkpoint id (or a unique prefix of one) "
+                       "or \"base\"", key="checkpoint_id",
                        fix="list them with GET /api/checkpoints")
     return jsonify(get_runtime().daemon.rollback(target))
 

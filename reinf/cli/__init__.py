@@ -14,6 +14,7 @@ import sys
 import click
 
 from reinf.cli.common import AppContext, ReinfGroup
+from reinf.logs import quiet_libraries
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -35,20 +36,21 @@ def main(ctx: click.Context, config_path: str | None, home: str | None, debug: b
 
     \b
     Start here:
-      reinf init          create the data directory, database and demo model
+      reinf init          create the data directory, database and model
       reinf serve         web UI, API and background training on 127.0.0.1:8765
       reinf chat          chat and rate in the terminal
     """
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    quiet_libraries(debug=debug)
     ctx.obj = AppContext(config_path=config_path, home=home, debug=debug)
     ctx.call_on_close(ctx.obj.close)
 
 
 def _register() -> None:
-    from reinf.cli import bench, chat, data, rewards, serve, service, system, train
+    from reinf.cli import bench, chat, data, models, rewards, serve, service, system, train
 
-    for module in (data, system, chat, train, serve, service, rewards, bench):
+    for module in (data, system, models, chat, train, serve, service, rewards, bench):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -1,12 +1,11 @@
 """``reinf chat``: the terminal REPL, and ``--once`` for scripts."""
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from reinf.cli.common import json_option
+from reinf.cli.common import dump_json, json_option, strip_escapes
 from reinf.errors import NotAvailable
 
 
@@ -106,7 +105,7 @@ def send_once(backend, message: str, conversation_id: int | None, as_json: bool,
               system_prompt: str | None = None) -> int:
     """Send one message; print the reply (streamed) or its turn as JSON. Ctrl-C at any point
     stops the reply, which is still stored and printed (exit status 130)."""
-    from reinf.repl import finish, held_interrupt, printable
+    from reinf.repl import finish, held_interrupt
 
     extra = {} if system_prompt is None else {"system_prompt": system_prompt}
     with held_interrupt() as pressed:  # a Ctrl-C while it starts stops the reply, once it exists
@@ -117,15 +116,14 @@ def send_once(backend, message: str, conversation_id: int | None, as_json: bool,
             handle.stop()
         for delta in handle:
             if not as_json:
-                click.echo(printable(delta), nl=False)
+                click.echo(strip_escapes(delta), nl=False)
     except KeyboardInterrupt:
         handle.stop()
         interrupted_by_key = True
     turn = finish(handle)
     if as_json:
         turn.setdefault("user_message", message)
-        click.echo(json.dumps({k: turn.get(k) for k in TURN_FIELDS}, indent=2,
-                              ensure_ascii=False))
+        click.echo(dump_json({k: turn.get(k) for k in TURN_FIELDS}, indent=2))
     else:
         click.echo()
     return 130 if interrupted_by_key else 0

@@ -1,11 +1,9 @@
 """Commands on stored turns and ratings: rate, undo, history, forget, export."""
 from __future__ import annotations
 
-import json
-
 import click
 
-from reinf.cli.common import emit, json_option, parse_turn
+from reinf.cli.common import dump_json, emit, json_option, parse_turn
 
 
 @click.command()
@@ -17,7 +15,11 @@ from reinf.cli.common import emit, json_option, parse_turn
 @json_option
 @click.pass_obj
 def rate(app, turn, score, tags, comment, critical, as_json):
-    """Rate TURN (an id, or 'last') with SCORE 1-5. Re-rating replaces the old rating."""
+    """Rate TURN with SCORE 1-5. Re-rating replaces the old rating.
+
+    TURN is 'last', a turn number, or the completion id an OpenAI client got from
+    /v1/chat/completions (chatcmpl-…, streamed ones too).
+    """
     turn_id = parse_turn(app.store, turn)
     rating = app.store.rate(turn_id, score, tags=tags, comment=comment or "", critical=critical)
     emit(rating.to_dict(), as_json, lambda r: click.echo(
@@ -27,7 +29,8 @@ def rate(app, turn, score, tags, comment, critical, as_json):
 
 
 @click.command()
-@click.option("--turn", "turn", help="Undo the rating of this turn instead of the newest one.")
+@click.option("--turn", "turn",
+              help="Undo the rating of this turn (as `rate` takes it), not the newest.")
 @json_option
 @click.pass_obj
 def undo(app, turn, as_json):
@@ -74,7 +77,7 @@ def _clip(text: str, n: int = 100) -> str:
 
 
 @click.command()
-@click.option("--turn", "turn", help="Forget one turn (id or 'last').")
+@click.option("--turn", "turn", help="Forget one turn (as for `rate`: id, 'last', chatcmpl-…).")
 @click.option("--conversation", "conversation_id", type=int, help="Forget a whole conversation.")
 @click.option("--all", "everything", is_flag=True, help="Forget every conversation and rating.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation with --all.")
@@ -98,25 +101,43 @@ def forget(app, turn, conversation_id, everything, yes, as_json):
             click.confirm("Forget every conversation, turn and rating?", abort=True)
         result = app.store.forget_all()
     emit({"forgotten": result}, as_json, lambda d: click.echo(
-        "forgot " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in d["forgotten"].items())))
+        "forgot " + ", ".join(count(n, *FORGOTTEN.get(k, (k, k))) for k, n in
+                              d["forgotten"].items())))
+
+
+# forget's counts, in words: (one, many)
+FORGOTTEN = {"conversations": ("conversation", "conversations"), "turns": ("turn", "turns"),
+             "ratings": ("rating", "ratings"),
+             "later_turns_untrainable": ("later turn untrainable", "later turns untrainable")}
+
+
+def count(n: int, one: str, many: str) -> str:
+    """'1 turn', '0 turns', '2 turns'."""
+    return f"{n} {one if n == 1 else many}"
 
 
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["raw", "sft", "kto"]), default="raw",
               show_default=True, help="raw: everything; sft: chats rated 4-5; kto: labelled.")
-@click.option("-o", "--output", type=click.File("w", encoding="utf-8"), default="-",
-              help="File to write (default: standard output).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="-",
+              help="File to write, readable by you only (default: standard output).")
 @click.pass_obj
 def export(app, fmt, output):
     """Rated turns as JSONL, for other training tools."""
     from reinf.export import export_rows
+    from reinf.permissions import open_private
 
+    rows = export_rows(app.store, fmt)  # the store opens (and may fail) before the file
+    if output == "-":
+        for row in rows:
+            click.echo(dump_json(row))
+        return
     n = 0
-    for row in export_rows(app.store, fmt):
-        output.write(json.dumps(row, ensure_ascii=False) + "\n")
-        n += 1
-    if getattr(output, "name", "<stdout>") != "<stdout>":
-        click.echo(f"wrote {n} rows ({fmt}) to {output.name}", err=True)
+    with open_private(output) as out:  # every conversation is in it: 600, as the database
+        for row in rows:
+            out.write(dump_json(row) + "\n")
+            n += 1
+    click.echo(f"wrote {count(n, 'row', 'rows')} ({fmt}) to {output}", err=True)
 
 
 COMMANDS = [rate, undo, history, forget, export]

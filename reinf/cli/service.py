@@ -69,6 +69,8 @@ def service_status(app, as_json):
                                                       "`reinf service install` updates it)"))
             click.echo(f"{d['manager']}:    active {d['active'] or 'unknown'}, "
                        f"enabled {d['enabled'] or 'unknown'}")
+            if d.get("manager_error"):  # why a state is unknown
+                click.echo(f"            {d['manager_error']}")
         daemon = d["daemon"]
         click.echo("server:     " + (f"running, pid {daemon['pid']}, {daemon['url'] or ''}"
                                      if daemon["running"] else "not running"))

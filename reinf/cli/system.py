@@ -10,13 +10,21 @@ from reinf.cli.common import emit, json_option
 
 
 @click.command()
-@click.option("--skip-model", is_flag=True, help="Do not build the demo model even if missing.")
+@click.option("--model", "model_name", default=None,
+              help="The model to set up and write into config.yaml: a name from "
+                   "`reinf models` (reinf-demo, the default, is tiny and offline; smollm2-135m "
+                   "is a real assistant), "
+                   "a directory or a hub id.")
+@click.option("--skip-model", is_flag=True, help="Do not fetch or build the model.")
 @json_option
 @click.pass_obj
-def init(app, skip_model, as_json):
-    """Create the data directory, database, config.yaml, reward_mapper.py and the demo model."""
+def init(app, model_name, skip_model, as_json):
+    """Create the data directory, database, config.yaml, reward_mapper.py, and fetch the
+    model (pull a named one, build the demo one) if it is missing."""
     from reinf.config import DEMO_MODEL, render_yaml, resolve_model_path
 
+    if model_name:
+        app.override(model_path=model_name)
     cfg = app.config
     home = cfg.data_dir
     created = []
@@ -26,7 +34,10 @@ def init(app, skip_model, as_json):
     app.store  # opening the store creates the DB and applies migrations
     config_file = home / "config.yaml"
     if not config_file.exists():
-        config_file.write_text(render_yaml(), encoding="utf-8")
+        text = render_yaml()
+        if model_name:  # the choice is kept: `reinf serve` must run what init set up
+            text = _set_yaml_value(text, "model_path", model_name)
+        config_file.write_text(text, encoding="utf-8")
         created.append(str(config_file))
     hook = home / "reward_mapper.py"
     if not hook.exists():
@@ -47,12 +58,36 @@ def init(app, skip_model, as_json):
         build_demo_model(Path(model_path), progress=not as_json)
         created.append(model_path)
         model_built = True
+    elif not skip_model:
+        from reinf.models import KNOWN_MODELS, is_installed, pull
+
+        known = KNOWN_MODELS.get(cfg.model.model_path)
+        if known is not None and known.source is not None and not is_installed(model_path):
+            pull(home, known.name, say=lambda line: click.echo(line, err=True),
+                 progress=not as_json)
+            created.append(model_path)
+            model_built = True
     data = {"data_dir": str(home), "db_url": cfg.db_url, "created": created,
             "model_path": model_path, "model_built": model_built}
     emit(data, as_json, lambda d: click.echo(
         f"Reinf is ready in {d['data_dir']}\n"
         + "".join(f"  created {p}\n" for p in d["created"])
         + f"  model: {d['model_path']}\nnext: `reinf serve` (web UI) or `reinf chat`"))
+
+
+def _set_yaml_value(text: str, key: str, value: str) -> str:
+    """``text`` (render_yaml's output) with ``key``'s value replaced, its comment kept."""
+    import json
+
+    out = []
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith(f"{key}: "):
+            indent = line[:len(line) - len(stripped)]
+            comment = stripped.split("  # ", 1)[1] if "  # " in stripped else ""
+            line = f"{indent}{key}: {json.dumps(value)}" + (f"  # {comment}" if comment else "")
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 @click.command()
@@ -232,7 +267,8 @@ def checkpoints(app, as_json):
 @json_option
 @click.pass_obj
 def rollback(app, checkpoint_id, as_json):
-    """Switch the active adapter to CHECKPOINT_ID, or 'base' for the bare model.
+    """Switch the active adapter to CHECKPOINT_ID (or a unique prefix of it, as git takes
+    commits), or 'base' for the bare model.
 
     Without an argument, go back to the parent of the active checkpoint.
     """
@@ -241,16 +277,17 @@ def rollback(app, checkpoint_id, as_json):
         active = store.active_checkpoint()
         if active is None:
             raise click.ClickException("the base model is already active; nothing to roll back")
-        checkpoint_id = active.parent_id or "base"
+        target = active.parent_id  # an exact id: never read as a prefix
+    else:
+        target = store.resolve_checkpoint(checkpoint_id)  # the full id, None for base
     from reinf.remote import notify_rollback
 
-    target = None if checkpoint_id == "base" else checkpoint_id
     if target is not None:
         store.get_checkpoint(target)  # a clear error for an unknown id
     # A running server switches its engine and records the choice; it may refuse a
     # checkpoint whose files are incomplete. Without a server, the store's choice is
     # what the next `reinf serve` loads.
-    notified = notify_rollback(app.config, checkpoint_id)
+    notified = notify_rollback(app.config, target)
     if not notified:
         store.activate_checkpoint(target)
     active = store.active_checkpoint()

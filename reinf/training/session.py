@@ -75,15 +75,21 @@ def prepare_for_training(loaded, gradient_checkpointing: bool):
             model, use_gradient_checkpointing=gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
     elif gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
-        if enable is not None:
-            enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
         model.enable_input_require_grads()
     model.config.use_cache = False
     return model
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing, non-reentrant: ``activation_checkpointing_enable`` from
+    transformers 5.24, ``gradient_checkpointing_enable`` before (deprecated since)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def build_session(config, store) -> Session:

@@ -154,7 +154,7 @@ def test_rate_rerate_undo_and_history(live, store):
     ("PUT", "/api/turns/{tid}/rating", {"scor": 3}, 400, "unknown field(s): scor"),
     ("PUT", "/api/turns/999999/rating", {"score": 3}, 404, "no turn 999999"),
     ("DELETE", "/api/turns/999999/rating", None, 404, "no turn 999999"),
-    ("PUT", "/api/turns/nope/rating", {"score": 3}, 400, "turn id must be a positive number"),
+    ("PUT", "/api/turns/nope/rating", {"score": 3}, 400, "not a turn: 'nope'"),
     ("DELETE", "/api/turns/999999", None, 404, "no turn 999999"),
     ("GET", "/api/conversations/999999", None, 404, "no conversation 999999"),
     ("POST", "/api/chat", {"message": "x", "conversation_id": 999999}, 404, "no conversation"),

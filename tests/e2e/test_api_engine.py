@@ -87,7 +87,12 @@ def test_openai_client_with_the_real_engine(server, store):
     chunks = list(client.chat.completions.create(
         model="m", stream=True, messages=[{"role": "user", "content": "Tell me more"}]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert store.get_turn(int(chunks[-1].id.removeprefix("chatcmpl-"))).reply == text
+    turn_id = int(chunks[-1].id.removeprefix("chatcmpl-"))
+    assert store.get_turn(turn_id).reply == text
+    # the first chunk's id, which clients such as `llm` log, names the same stored turn
+    r = requests.put(f"{server.url}/api/turns/{chunks[0].id}/rating", json={"score": 4},
+                     timeout=10)
+    assert chunks[0].id.startswith("chatcmpl-stream-") and r.json()["turn_id"] == turn_id
 
 
 def test_reinf_chat_backend_over_http(server, store, engine, monkeypatch):

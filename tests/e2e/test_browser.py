@@ -144,6 +144,45 @@ def test_chat_stream_rate_history_and_xss(browser, live, fake_chat, store):
     assert errors == []
 
 
+def test_a_message_starting_with_a_digit_is_text_not_a_rating(browser, live, store):
+    """After an unrated reply, "3 plus 4?" typed into the empty message box is sent whole
+    and rates nothing; outside a text field the 1-5 keys still rate the latest reply."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    browser.get(live.url + "/")
+    wait(browser, lambda d: d.find_element(By.ID, "message").is_displayed())
+    send(browser, "first question")
+    wait(browser, lambda d: reply_text(d) == "echo: first question")
+    first = int(latest_turn(browser).get_attribute("data-turn-id"))
+    box = browser.find_element(By.ID, "message")
+    box.click()
+    box.send_keys("3 plus 4?")
+    assert box.get_attribute("value") == "3 plus 4?"
+    box.send_keys(Keys.ENTER)
+    wait(browser, lambda d: reply_text(d) == "echo: 3 plus 4?")
+    second = int(latest_turn(browser).get_attribute("data-turn-id"))
+    assert store.get_turn(second).user_message == "3 plus 4?"
+    assert store.get_turn(first).rating is None
+    panel = latest_turn(browser).find_element(By.CSS_SELECTOR, "section.rating")
+    assert "Saved" not in panel.text
+    # a digit typed into the system prompt or a tag field is text too
+    browser.find_element(By.ID, "new-conversation").click()
+    system = wait(browser, lambda d: d.find_element(By.ID, "system-prompt"))
+    system.send_keys("5 words at most")
+    assert system.get_attribute("value") == "5 words at most"
+    browser.get(f"{live.url}/?conversation={store.get_turn(second).conversation_id}")
+    panel = wait(browser, lambda d: d.find_element(
+        By.CSS_SELECTOR, f"section.rating[data-turn-id='{second}']"))
+    # focus outside any text field: the shortcut rates the latest reply
+    browser.find_element(By.ID, "transcript").click()
+    browser.execute_script("document.activeElement.blur()")
+    ActionChains(browser).send_keys("2").perform()
+    wait(browser, lambda d: "Saved: 2/5" in panel.text)
+    assert store.get_turn(second).rating.score == 2 and store.get_turn(first).rating is None
+
+
 def test_stop_and_reopen_a_conversation(browser, live, fake_chat, store):
     from selenium.webdriver.common.by import By
 

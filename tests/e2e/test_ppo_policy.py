@@ -153,7 +153,8 @@ def test_dropout_is_off_during_update_passes_even_with_checkpointing(model_dir):
     loss.backward()
     grads = [p.grad.clone() for p in policy.parameters()[:-2]]
     policy.model.zero_grad()
-    policy.model.get_base_model().activation_checkpointing_enable()
+    from reinf.training.session import enable_checkpointing
+    enable_checkpointing(policy.model.get_base_model())
     with update_mode(policy.model, gradient_checkpointing=True):
         assert policy.model.training  # transformers only checkpoints in train mode
         first, second = policy.forward(b).logp, policy.forward(b).logp

@@ -273,6 +273,32 @@ def test_once_json_over_http_prints_the_whole_turn(live, invoke, store):
     assert out["rating"] is None and out["index"] == 1 and out["created_at"]
 
 
+HOSTILE = ("see\x1b]52;c;ZWNobyBwd25lZA==\x07 "
+           "\x1b]8;;https://evil.example/\x1b\\this\x1b]8;;\x1b\\ "
+           "\x1b]0;owned\x07now\x9b2J\x1b[31m!")
+
+
+def test_replies_echoed_on_the_terminal_carry_no_escape(live, invoke, store, config):
+    """The fake model echoes the message, so the reply streamed over HTTP carries OSC 52,
+    OSC 8, OSC 0 and CSI sequences, split across deltas; the terminal gets the text only."""
+    import io
+
+    from reinf.client import HttpBackend
+    from reinf.repl import Repl
+
+    result = invoke("chat", "--url", live.url, "--once", HOSTILE)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "echo: see this now!\n"
+    assert store.last_turn().reply == "echo: " + HOSTILE  # stored as sent: only printing strips
+    keys = iter([HOSTILE, "", "/history", "/quit"])
+    screen = io.StringIO()
+    Repl(HttpBackend(live.url, config), read=lambda _: next(keys), out=screen).run()
+    shown = screen.getvalue()
+    assert "bot> echo: see this now!" in shown and "bot: echo: see this now!" in shown
+    assert not any(c in shown for c in "\x1b\x07\x9b\x9c") and "52;c" not in shown
+    assert "evil.example" not in shown and "owned" not in shown
+
+
 # --- --system ----------------------------------------------------------------------------------
 
 def test_system_starts_the_conversation_with_it_in_the_prompt(tiny, home, tmp_path):

@@ -304,7 +304,8 @@ def test_two_stop_ids_from_generation_config(zoo, home):
     Llama made to always say <|eot_id|> stops there at once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reinf.engine import Engine, eos_token_ids
+    from reinf.engine import Engine
+    from reinf.sampling import eos_token_ids
 
     src = model_dir_of(zoo, FAMILIES[0])
     model = AutoModelForCausalLM.from_pretrained(src)

@@ -77,6 +77,16 @@ def test_a_message_becomes_a_stored_turn(service, store):
     assert turn.gen_params == {"temperature": 0.5, "top_p": 0.95, "max_new_tokens": 128}
 
 
+def test_a_stream_id_given_up_front_is_stored_and_names_the_turn(service, store):
+    """An OpenAI client sees chatcmpl-stream-<hex> before the turn exists; the turn keeps the
+    hex so that the id rates it later, after a restart too."""
+    stream_id = "0123456789abcdef" * 2
+    turn = service.stream("hello", stream_id=stream_id, temperature=0.5).turn
+    assert turn.gen_params == {"temperature": 0.5, "top_p": 0.95, "max_new_tokens": 128,
+                               "stream_id": stream_id}
+    assert store.resolve_turn("chatcmpl-stream-" + stream_id) == turn.id
+
+
 def test_the_next_message_carries_the_conversation_so_far(service, store):
     first = service.send("First question")
     second = service.send("Second question", first.conversation_id, max_new_tokens=2)

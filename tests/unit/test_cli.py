@@ -59,7 +59,10 @@ def test_rate_undo_history_flow(invoke, seeded):
 @pytest.mark.parametrize("args,words", [
     (["rate", "last", "9"], "1 to 5"),
     (["rate", "12345", "3"], "no turn 12345"),
-    (["rate", "first", "3"], "TURN must be"),
+    (["rate", "first", "3"], "not a turn: 'first' — give `last`, a turn number, or an "
+                             "OpenAI completion id `chatcmpl-…`"),
+    (["rate", "chatcmpl-stream-" + "0" * 32, "3"], "no turn for the completion"),
+    (["rollback", "r0009"], "no checkpoint r0009 — list them with `reinf checkpoints`"),
     (["history", "--conversation", "999"], "no conversation 999"),
     (["forget"], "exactly one"),
 ])
@@ -68,6 +71,50 @@ def test_bad_input_is_one_clear_line_without_traceback(invoke, seeded, args, wor
     assert result.exit_code != 0
     assert words in result.output
     assert "Traceback" not in result.output
+
+
+def open_store(home):
+    from reinf.config import load_config
+    from reinf.store import Store
+
+    return Store.open(load_config(environ={"REINF_HOME": str(home)}))
+
+
+def test_rate_takes_the_completion_ids_an_openai_client_got(invoke, seeded, home):
+    """`llm logs` shows chatcmpl-<turn id>, or for a streamed reply the id of its first
+    chunk, chatcmpl-stream-<hex>, which the turn keeps in gen_params."""
+    store = open_store(home)
+    streamed = store.append_turn(seeded[0].conversation_id, "q", "a",
+                                 gen_params={"stream_id": "5e" * 16})
+    store.close()
+    result = invoke("rate", f"chatcmpl-{seeded[1].id}", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["turn_id"] == seeded[1].id
+    result = invoke("rate", "chatcmpl-stream-" + "5e" * 16, "5", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["turn_id"] == streamed.id
+    undo = json.loads(invoke("undo", "--turn", "chatcmpl-stream-" + "5e" * 16, "--json").output)
+    assert undo["removed"]["turn_id"] == streamed.id
+
+
+def test_rollback_takes_a_unique_prefix_of_a_checkpoint_id(invoke, seeded, home, tmp_path):
+    store = open_store(home)
+    for ckpt in ("r0005-20261125-030648-8ce1", "r0006-20261126-101500-03af",
+                 "r0006-20261126-113000-77b0"):
+        store.add_checkpoint(ckpt, str(tmp_path / ckpt))
+    store.close()
+    result = invoke("rollback", "r0005", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["active_checkpoint"] == "r0005-20261125-030648-8ce1"
+    result = invoke("rollback", "r0006")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert ("checkpoint id 'r0006' is ambiguous: 2 checkpoints start with it "
+            "(r0006-20261126-101500-03af, r0006-20261126-113000-77b0)") in result.output
+    assert json.loads(invoke("status", "--json").output)["active_checkpoint"] == \
+        "r0005-20261125-030648-8ce1"  # unchanged by the refused one
+    result = invoke("rollback", "base", "--json")
+    assert json.loads(result.output)["active_checkpoint"] == "base"
 
 
 def test_forget_and_export(invoke, seeded):

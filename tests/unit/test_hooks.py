@@ -282,7 +282,7 @@ def test_preview_cli_exits_nonzero_with_the_error(invoke, hook, home, store):
 def test_status_shows_the_broken_hook(invoke, hook, home):
     write(home / "config.yaml", "rewards:\n  reward_mapper: reward_mapper.py:reward_mapper\n")
     write(hook, "def reward_mapper(score, metadata):\n    return 'x'\n")
-    data = json.loads(invoke("status", "--json").output)
+    data = json.loads(invoke("status", "--json").stdout)
     assert data["reward_hook"]["ok"] is False
     assert any("returned 'x'" in w for w in data["warnings"])
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -51,3 +52,29 @@ def test_terminal_gets_warnings_only_unless_debug(config, clean_root, capsys):
     for handler in clean_root.handlers:
         handler.flush()
     assert "debug line" in log_path(config).read_text()
+
+
+def test_library_warnings_reach_the_log_file_not_the_terminal(config, clean_root, capsys,
+                                                              monkeypatch):
+    import warnings
+
+    from reinf.logs import quiet_libraries
+
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "")  # recorded, so the test leaves it as found
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY")
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after
+    setup_logging(config)
+    quiet_libraries()
+    # What warnings.warn ends in once a warning passes the filters (the suite's own
+    # filters turn warnings into errors before they get here).
+    warnings.showwarning("`past_key_values` is deprecated", FutureWarning, __file__, 1)
+    logging.getLogger("transformers.modeling_utils").warning("a library notice")
+    logging.getLogger("reinf.test").warning("ours, for the person")
+    for handler in clean_root.handlers:
+        handler.flush()
+    err = capsys.readouterr().err
+    assert "ours, for the person" in err
+    assert "past_key_values" not in err and "a library notice" not in err
+    text = log_path(config).read_text()
+    assert "past_key_values" in text and "a library notice" in text
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"

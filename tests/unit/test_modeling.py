@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reinf.engine import sample_top_p
+from reinf.sampling import sample_top_p
 from reinf.errors import BadInput, ModelError
 from reinf.modeling import (Detokenizer, build_prompt_ids, get_context_limit, load_model,
                             plan_load, render_chat)

@@ -161,3 +161,44 @@ def test_cli_install_status_uninstall(invoke, fake_home):
     removed = json.loads(invoke("service", "uninstall", "--json").output)
     assert removed["removed"] is True
     assert "not installed" in invoke("service", "status").output
+
+
+def fake_systemctl(tmp_path, monkeypatch, script: str) -> None:
+    """A ``systemctl`` first on PATH: a shell script standing in for the real one."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "systemctl"
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_status_without_a_user_bus_says_why(invoke, config, fake_home, tmp_path, monkeypatch):
+    """As systemctl answers in a container or an SSH session without lingering: is-active
+    cannot reach the user manager, is-enabled still reads the unit files."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("systemd is Linux's")
+    fake_systemctl(tmp_path, monkeypatch, 'if [ "$2" = is-enabled ]; then echo disabled; '
+                   'exit 1; fi\necho "Failed to connect to bus: No medium found" >&2\nexit 1\n')
+    install_service(config, platform="linux")
+    status = service_status(config, platform="linux")
+    assert (status["active"], status["enabled"]) == (None, "disabled")
+    assert status["manager_error"].startswith(
+        "systemd user session not available (no D-Bus user bus): Failed to connect to bus: "
+        "No medium found; ")
+    out = invoke("service", "status").output
+    assert "systemd:    active unknown, enabled disabled\n" in out
+    assert "            systemd user session not available (no D-Bus user bus)" in out
+    assert "loginctl enable-linger" in out
+
+
+def test_status_with_a_user_bus_has_no_error(config, fake_home, tmp_path, monkeypatch):
+    fake_systemctl(tmp_path, monkeypatch, 'case "$2" in is-active) echo inactive; exit 3;; '
+                   'is-enabled) echo enabled;; esac\n')
+    install_service(config, platform="linux")
+    status = service_status(config, platform="linux")
+    assert (status["active"], status["enabled"], status["manager_error"]) == (
+        "inactive", "enabled", None)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert service_status(config, platform="linux")["manager_error"] == (
+        "systemctl is not installed")

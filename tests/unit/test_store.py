@@ -224,6 +224,74 @@ def test_checkpoints_activate_and_rollback_to_base(store):
     assert store.active_checkpoint() is None
 
 
+CKPT_A = "r0005-20261125-030648-8ce1"
+CKPT_B = "r0006-20261126-101500-03af"
+CKPT_C = "r0006-20261126-113000-77b0"
+
+
+def test_a_checkpoint_is_named_by_its_id_or_a_unique_prefix(store):
+    for ckpt in (CKPT_A, CKPT_B, CKPT_C):
+        store.add_checkpoint(ckpt, f"/x/{ckpt}")
+    assert store.resolve_checkpoint(CKPT_A) == CKPT_A
+    assert store.resolve_checkpoint("r0005") == CKPT_A
+    assert store.resolve_checkpoint(" r0006-20261126-10 ") == CKPT_B  # pasted with spaces
+    assert store.resolve_checkpoint("base") is None
+    with pytest.raises(BadInput) as ambiguous:
+        store.resolve_checkpoint("r0006")
+    assert str(ambiguous.value).count("\n") == 0
+    assert f"ambiguous: 2 checkpoints start with it ({CKPT_B}, {CKPT_C})" in str(ambiguous.value)
+    with pytest.raises(NotFound, match="^no checkpoint r0009 — list them with `reinf checkp"):
+        store.resolve_checkpoint("r0009")
+    with pytest.raises(NotFound):  # SQLite's LIKE ignores case; ids do not
+        store.resolve_checkpoint("R0005")
+    with pytest.raises(NotFound):  # LIKE wildcards are literal
+        store.resolve_checkpoint("r000_")
+    with pytest.raises(BadInput, match="no checkpoint id given"):
+        store.resolve_checkpoint("  ")
+
+
+def test_an_exact_checkpoint_id_wins_over_a_longer_one_it_starts(store):
+    store.add_checkpoint("ckpt-1", "/x/1")
+    store.add_checkpoint("ckpt-10", "/x/10")
+    assert store.resolve_checkpoint("ckpt-1") == "ckpt-1"
+    assert store.resolve_checkpoint("ckpt-10") == "ckpt-10"
+    with pytest.raises(BadInput, match="ambiguous"):
+        store.resolve_checkpoint("ckpt-")
+
+
+def test_an_ambiguous_prefix_lists_at_most_ten_candidates(store):
+    for i in range(13):
+        store.add_checkpoint(f"c{i:02d}", f"/x/{i}")
+    with pytest.raises(BadInput, match=r"\(c00, c01, .*, c09 and 3 more\)"):
+        store.resolve_checkpoint("c")
+
+
+def test_a_turn_is_named_by_last_its_number_or_its_completion_id(store):
+    with pytest.raises(NotFound, match="no turns yet"):
+        store.resolve_turn("last")
+    first = add_turn(store)
+    conv = first.conversation_id
+    streamed = store.append_turn(conv, "q", "a", gen_params={"stream_id": "ab" * 16})
+    assert store.resolve_turn("last") == streamed.id
+    assert store.resolve_turn(str(first.id)) == first.id
+    assert store.resolve_turn(f"chatcmpl-{first.id}") == first.id
+    assert store.resolve_turn("chatcmpl-stream-" + "ab" * 16) == streamed.id
+    with pytest.raises(NotFound, match="no turn for the completion chatcmpl-stream-cdcd"):
+        store.resolve_turn("chatcmpl-stream-" + "cd" * 16)
+
+
+@pytest.mark.parametrize("ref", ["first", "0", "-3", "chatcmpl-", "chatcmpl-x1", "٣",
+                                 "chatcmpl-stream-ffff", "chatcmpl-stream-" + "AB" * 16,
+                                 "1" * 19, "x" * 500])
+def test_a_malformed_turn_is_one_line_naming_the_forms(store, ref):
+    add_turn(store)
+    with pytest.raises(BadInput) as bad:
+        store.resolve_turn(ref)
+    message = str(bad.value)
+    assert "\n" not in message and len(message) < 200
+    assert "`last`, a turn number, or an OpenAI completion id `chatcmpl-…`" in message
+
+
 def test_record_json_is_stable(store):
     t = add_turn(store)
     store.rate(t.id, 4, tags=["wrong"])

@@ -141,9 +141,42 @@ def test_rating_unknown_or_malformed_turns(client):
     assert client.put("/api/turns/4242/rating", json={"score": 3}).status_code == 404
     assert client.delete("/api/turns/4242/rating").status_code == 404
     r = client.put("/api/turns/abc/rating", json={"score": 3})
-    assert r.status_code == 400 and "positive number" in r.get_json()["error"]
+    assert r.status_code == 400 and r.get_json()["error"] == "not a turn: 'abc'"
+    assert r.get_json()["fix"] == "give `last`, a turn number, or an OpenAI completion id " \
+                                  "`chatcmpl-…`"
     r = client.put("/api/turns/chatcmpl-stream-ffff/rating", json={"score": 3})
-    assert r.status_code == 404 and "final chunk" in r.get_json()["fix"]
+    assert r.status_code == 400 and "chatcmpl-…" in r.get_json()["fix"]
+    r = client.put("/api/turns/chatcmpl-stream-" + "f" * 32 + "/rating", json={"score": 3})
+    assert r.status_code == 404 and "reinf history" in r.get_json()["fix"]
+
+
+def stream_completion(client, text="stream me"):
+    """The chunks of a streamed /v1/chat/completions reply, as an OpenAI client reads them."""
+    r = client.post("/v1/chat/completions", json={
+        "model": "m", "stream": True, "messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 200
+    return [d for _, d in parse_sse(r.get_data(as_text=True)) if isinstance(d, dict)]
+
+
+def test_a_streamed_completion_is_rated_by_its_first_chunk_id_after_a_restart(
+        config, store, fake_chat, daemon, invoke):
+    """The `llm` CLI logs the first chunk's id (chatcmpl-stream-<hex>); the turn id is only
+    in the last chunk. A new app (a restarted server) and `reinf rate` both find the turn."""
+    from webui import create_app
+
+    chunks = stream_completion(create_app(config, store=store, chat=fake_chat,
+                                          daemon=daemon).test_client())
+    first, final = chunks[0]["id"], chunks[-1]
+    assert first.startswith("chatcmpl-stream-") and final["id"] == f"chatcmpl-{final['turn_id']}"
+    restarted = create_app(config, store=store, chat=fake_chat, daemon=daemon).test_client()
+    r = restarted.put(f"/api/turns/{first}/rating", json={"score": 2})
+    assert r.status_code == 200 and r.get_json()["turn_id"] == final["turn_id"]
+    assert restarted.get(f"/api/turns/{first}").get_json()["turn_id"] == final["turn_id"]
+    result = invoke("rate", first, "5", "--json")
+    assert result.exit_code == 0, result.output
+    assert store.get_turn(final["turn_id"]).rating.score == 5
+    r = restarted.delete(f"/api/turns/{first}/rating")
+    assert r.get_json()["removed"]["turn_id"] == final["turn_id"]
 
 
 def test_rating_last(client):
@@ -361,6 +394,23 @@ def test_checkpoints_and_rollback_swap_the_engine(config, store, fake_chat, tmp_
     assert r.status_code == 404
     r = client.post("/api/rollback", json={"checkpoint_id": 5})
     assert r.status_code == 400
+
+
+def test_rollback_takes_a_unique_prefix_of_a_checkpoint_id(client, store, tmp_path):
+    add_checkpoints(store, tmp_path)  # ckpt-1, ckpt-2 (active)
+    r = client.post("/api/rollback", json={"checkpoint_id": "ckpt-"})
+    assert r.status_code == 400
+    assert r.get_json()["error"] == ("checkpoint id 'ckpt-' is ambiguous: 2 checkpoints "
+                                     "start with it (ckpt-1, ckpt-2)")
+    assert store.active_checkpoint().id == "ckpt-2"
+    r = client.post("/api/rollback", json={"checkpoint_id": "ckpt-1"})
+    assert r.status_code == 200 and r.get_json()["active_checkpoint"] == "ckpt-1"
+    store.add_checkpoint("r0005-20261125-030648-8ce1", str(tmp_path / "c2"))
+    r = client.post("/api/rollback", json={"checkpoint_id": "r0005"})
+    assert r.get_json()["active_checkpoint"] == "r0005-20261125-030648-8ce1"
+    assert store.active_checkpoint().id == "r0005-20261125-030648-8ce1"
+    r = client.post("/api/rollback", json={"checkpoint_id": "r0009"})
+    assert r.status_code == 404 and r.get_json()["fix"] == "list them with `reinf checkpoints`"
 
 
 def test_rollback_to_an_incomplete_checkpoint_is_refused(client, store, tmp_path):

@@ -101,7 +101,8 @@ query = st.one_of(
                                      "until", "rated", "conversation_id", "offset"]),
                     st.one_of(st.text(max_size=12), st.integers(-5, 50).map(str),
                               st.just("2024-01-01"), st.just("2024-01-01T10:00:00Z"),
-                              st.just("9" * 5000)),
+                              st.just("0001-01-01T00:00:00+14:00"),
+                              st.just("9999-12-31T23:59:59-14:00"), st.just("9" * 5000)),
                     max_size=4),
     st.sampled_from(["tag=%ED%A0%80", "conversation_id=%ED%A0%80", "since=%ED%A0%80",
                      "limit=1%00", "tag=%FF%FE", "limit=" + "9" * 5000]))
@@ -412,3 +413,37 @@ def test_an_error_echoing_a_lone_surrogate_can_still_be_sent(fuzz_app, path):
         response = render_error(400, "bad \ud800 text", fix="drop \udfff", key="k\udc80")
         body = response.get_data().decode("utf-8")  # encoded as UTF-8, or it raises
     assert response.status_code == 400 and "ud800 text" in body
+
+
+@pytest.mark.parametrize("query, key", [
+    ("since=0001-01-01T00:00:00%2B14:00", "since"),   # before year 1 in UTC
+    ("until=9999-12-31T23:59:59-14:00", "until"),     # after year 9999 in UTC
+    ("since=0001-01-01T00:00:00.000001%2B23:59", "since"),
+])
+def test_a_date_outside_the_utc_range_is_a_400(fuzz_app, query, key):
+    r = fuzz_app.test_client().get(f"/api/history?{query}")
+    assert r.status_code == 400, r.get_data(as_text=True)
+    message, field = error_of(r)
+    assert field == key and "out of range" in message and "9999" in message
+
+
+def test_a_date_at_the_edge_of_the_utc_range_is_read():
+    from flask import Flask
+
+    from webui.params import query_datetime
+
+    with Flask(__name__).test_request_context("/?since=0001-01-01T00:00:00-01:00"):
+        assert query_datetime("since").isoformat() == "0001-01-01T01:00:00+00:00"
+
+
+@pytest.mark.parametrize("host", ["a..b", "a b", "\u00e9vil", "[::1"])
+@pytest.mark.parametrize("path", ["/", "/history", "/api/ping"])
+def test_a_host_the_url_map_cannot_bind_is_a_clean_400(fuzz_app, host, path):
+    """werkzeug leaves no URL adapter for such a Host; the HTML error page cannot use
+    url_for then, and must not turn the 400 into a plain-text 500."""
+    r = fuzz_app.test_client().get(path, headers={"Host": host})
+    assert r.status_code == 400, r.get_data(as_text=True)
+    body = r.get_data(as_text=True)
+    assert "not a valid host name" in body or "not an allowed name" in body
+    if path != "/api/ping":
+        assert r.mimetype == "text/html" and "<h1>Error 400</h1>" in body

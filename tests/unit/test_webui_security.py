@@ -35,6 +35,18 @@ def test_other_host_names_are_400_before_anything_runs(client, store, host):
     assert store.counts()["turns"] == 0
 
 
+@pytest.mark.parametrize("host", ["[::1]evil", "localhost:8773/..", "localhost:8765@evil.example",
+                                  "127.0.0.1:80:80", "localhost:port", "::1", "[::1]:8765x",
+                                  "localhost/x", "localhost 127.0.0.1"])
+def test_malformed_host_headers_are_400(client, store, host):
+    """Something after the name or port must not be ignored: "[::1]evil" is not [::1]."""
+    r = client.post("/api/chat", json={"message": "hi"}, headers={"Host": host})
+    assert r.status_code == 400, host
+    assert "not a valid host name" in r.get_json()["error"]
+    assert client.get("/", headers={"Host": host}).status_code == 400
+    assert store.counts()["turns"] == 0
+
+
 def test_allowed_hosts_extends_the_list(config, store, fake_chat, daemon):
     c = make_client(config, store, fake_chat, daemon, allowed_hosts=["reinf.lan"])
     assert c.get("/api/ping", headers={"Host": "reinf.lan:8765"}).status_code == 200

