@@ -1,8 +1,12 @@
-"""Sampling: one batched KV-cache decoder for the engine and for rollouts.
+"""Sampling and scoring: one batched KV-cache decoder for the engine and for rollouts, and
+one ``token_logprobs`` for everything that scores given replies (PPO, the KL to the base,
+the fluency gate, the benchmarks).
 
 The engine's chat reply is a batch of one that reads each token as it comes; a training
 round's rollouts are batches of k replies to the same prompts. Both run ``decode`` below,
-so what a reply records can't drift between the two.
+so what a reply records can't drift between the two. Scoring calls the model's own
+forward too (never a decoder plus a hand-kept LM head), so any family's logit scaling or
+soft cap is applied exactly as when the reply was sampled.
 
 Behaviour log-probs, the quantity PPO divides by: for each sampled token,
 ``log_softmax(logits.float() / temperature)[token]``, in fp32, *before* top-p filtering.
@@ -23,14 +27,15 @@ PEFT wrapper, whose ``forward`` only declares ``**kwargs`` and passes them on.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["ForwardArgs", "Step", "decode", "eos_token_ids", "sample_top_p",
-           "sample_top_p_rows"]
+__all__ = ["ForwardArgs", "Scored", "Step", "decode", "eos_token_ids", "kl_per_token",
+           "sample_top_p", "sample_top_p_rows", "token_logprobs"]
 
 
 def base_model(model):
@@ -142,3 +147,134 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
+
+
+# --- scoring: log-probs of given replies -----------------------------------------------------
+
+@dataclass
+class Scored:
+    """What one forward pass gives for B replies of up to T tokens."""
+    logp: torch.Tensor              # (B, T) fp32: log-prob of each reply token, tempered
+    entropy: torch.Tensor | None    # (B, T) fp32: entropy of the tempered distribution
+    hidden: torch.Tensor | None     # (B, T, H): the decoder's last hidden state there
+    logits: torch.Tensor | None     # (B, K, V) in the model's dtype, when kept (exact KL)
+    index: torch.Tensor | None      # (B, T): where each reply token's logits are in K
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   positions: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor,
+                   temperature: torch.Tensor, *, hidden: bool = False, entropy: bool = True,
+                   entropy_grad: bool = False, keep_logits: bool = False) -> Scored:
+    """Log-probs of ``actions`` (B, T) under ``model`` as it is (adapter included), by the
+    model's own forward: whatever a family does to its logits (scaling, a final soft cap)
+    is done here exactly as when the reply was sampled.
+
+    ``input_ids`` (B, L) are left-padded prompt + reply; ``positions`` (B, T) the column
+    whose logits predict reply token t (``mask`` marks real ones). Left padding ends every
+    row at column L - 1, so the model is asked for the last K columns' logits only
+    (``logits_to_keep``): K = the longest reply + 1, never the prompt's columns.
+
+    Log-probs come from ``_LogProbAt``: the tempered log-softmax at the chosen token, taken
+    row by row in fp32 and differentiated from the kept logits alone, so no (B, K, V) fp32
+    tensor is made, in the forward or the backward. Entropy is taken the same way, without
+    grad unless ``entropy_grad`` (an entropy bonus; that path keeps one fp32 copy).
+    """
+    b, width = input_ids.shape
+    real = mask > 0
+    first = int(positions[real].min()) if bool(real.any()) else width - 1
+    keep = width - first                                            # K
+    args = ForwardArgs(model)
+    kwargs = {"logits_to_keep": keep} if args.keeps_logits else {}
+    captured: list[torch.Tensor] = []
+    hook = _capture_last_hidden(model, captured) if hidden else None
+    if hidden and hook is None:  # no decoder to listen to: every layer's states, the last used
+        kwargs["output_hidden_states"] = True
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=(attention_mask.cumsum(1) - 1).clamp_min(0), use_cache=False,
+                    **kwargs)
+    finally:
+        if hook is not None:
+            hook.remove()
+    logits = out.logits[:, -keep:]                                   # (B, K, V)
+    index = (positions - first).clamp(0, keep - 1)                   # (B, T)
+    temp = temperature.float()[:, None].expand_as(index)            # (B, T)
+    logp = _LogProbAt.apply(logits, index, actions, temp)
+    ent = None
+    if entropy:
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+            ent = _entropy_at(logits, index, temp)
+    h = None
+    if hidden:
+        last = captured[-1] if captured else out.hidden_states[-1]
+        h = last.gather(1, positions.clamp(0, width - 1)[..., None]
+                        .expand(-1, -1, last.shape[-1]))           # (B, T, H)
+    return Scored(logp, ent, h, logits if keep_logits else None,
+                  index if keep_logits else None)
+
+
+def kl_per_token(new: Scored, ref: Scored, temperature: torch.Tensor) -> torch.Tensor:
+    """Exact KL(new || ref) over the vocabulary at each reply token (B, T), from two
+    ``token_logprobs(..., keep_logits=True)`` results; one row's fp32 copy at a time."""
+    b, t = new.index.shape
+    out = torch.zeros(b, t, device=new.logits.device)
+    with torch.no_grad():
+        for i in range(b):
+            t_i = float(temperature[i])
+            p = torch.log_softmax(new.logits[i, new.index[i]].float() / t_i, -1)  # (T, V)
+            q = torch.log_softmax(ref.logits[i, ref.index[i]].float() / t_i, -1)
+            out[i] = (p.exp() * (p - q)).sum(-1)
+    return out
+
+
+class _LogProbAt(torch.autograd.Function):
+    """``log_softmax(logits[b, index[b, t]] / temp[b, t])[actions[b, t]]`` -> (B, T) fp32,
+    divided as the sampler divides, so the numbers match it to the last bit the maths allows.
+
+    Saves only ``logits`` (in their own dtype) for the backward, which rebuilds the
+    softmax one row at a time: d/dlogits = (onehot(action) - softmax) * grad / temp."""
+
+    @staticmethod
+    def forward(ctx, logits, index, actions, temp):
+        out = torch.empty(index.shape, dtype=torch.float32, device=logits.device)
+        for i in range(index.shape[0]):
+            x = logits[i, index[i]].float() / temp[i, :, None]            # (T, V)
+            out[i] = x.gather(1, actions[i, :, None]).squeeze(1) - torch.logsumexp(x, -1)
+        ctx.save_for_backward(logits, index, actions, temp)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, index, actions, temp = ctx.saved_tensors
+        grad_logits = torch.zeros_like(logits)
+        for i in range(index.shape[0]):
+            g = grad[i].float() / temp[i]                                  # (T,)
+            x = logits[i, index[i]].float() / temp[i, :, None]             # (T, V)
+            d = -torch.softmax(x, -1) * g[:, None]
+            d.scatter_add_(1, actions[i, :, None], g[:, None])
+            # several reply tokens never share a column, but padded ones (masked, zero
+            # grad) may land on the same one: accumulate
+            grad_logits[i].index_add_(0, index[i], d.to(logits.dtype))
+        return grad_logits, None, None, None
+
+
+def _entropy_at(logits, index, temp) -> torch.Tensor:
+    rows = []
+    for i in range(index.shape[0]):
+        logp = torch.log_softmax(logits[i, index[i]].float() / temp[i, :, None], -1)  # (T, V)
+        rows.append(-(logp.exp() * logp).sum(-1))
+    return torch.stack(rows)
+
+
+def _capture_last_hidden(model, captured: list):
+    """A hook on the decoder (the model under its LM head) that keeps its last hidden
+    state, the input of the LM head; None where the model has no ``get_decoder``."""
+    base = base_model(model)
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if decoder is None or decoder is base:
+        return None
+
+    def keep(_module, _args, output):
+        state = getattr(output, "last_hidden_state", None)
+        captured.append(state if state is not None else output[0])
+    return decoder.register_forward_hook(keep)

@@ -13,7 +13,7 @@ Three log-probs per reply token, all ``log_softmax(logits / temperature)`` in fp
 sample's own sampling temperature:
 - behaviour: stored when the reply was sampled, under whatever adapter was live then. The
   PPO ratio ``exp(logp_new - logp_behaviour)`` is taken against it, because ratings arrive
-  after the adapter may have changed (the off-policy correction; it is exactly 1 when the
+  after the adapter may have changed (the off-policy correction; it is 1, up to float noise, when the
   adapter has not changed since);
 - old: under the adapter as it is at the start of the round (no grad). It feeds the KL
   penalty and ``approx_kl``, which measures how far *this round* moved the policy;
@@ -65,15 +65,19 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from reinf.sampling import Scored, kl_per_token, token_logprobs
+
 
 # --- the round's batch ------------------------------------------------------------------
 
 @dataclass
 class Rollout:
-    """B rated turns as right-padded tensors (on the training device)."""
-    input_ids: Tensor       # (B, L) prompt + reply, padded with 0
+    """B rated turns as tensors (on the training device): prompt + reply left-padded, so
+    every row ends at the last column and the model is asked for its last columns' logits
+    only (reinf.sampling.token_logprobs); the per-token tensors are right-padded."""
+    input_ids: Tensor       # (B, L) prompt + reply, left-padded with 0
     attention_mask: Tensor  # (B, L)
-    positions: Tensor       # (B, T) index in input_ids whose logits predict reply token t
+    positions: Tensor       # (B, T) column of input_ids whose logits predict reply token t
     actions: Tensor         # (B, T) reply token ids
     mask: Tensor            # (B, T) 1.0 on real reply tokens
     logp_behaviour: Tensor  # (B, T) stored behaviour log-probs
@@ -86,11 +90,14 @@ class Rollout:
         return self.input_ids.shape[0]
 
     def select(self, idx: Tensor) -> "Rollout":
-        """The rows ``idx``, trimmed to their own longest sequence and reply."""
-        n_ctx = int(self.attention_mask[idx].sum(1).max())
+        """The rows ``idx``, trimmed to their own longest sequence (columns dropped on the
+        left, where the padding is) and reply."""
+        width = self.input_ids.shape[1]
+        cut = width - int(self.attention_mask[idx].sum(1).max())
         n_reply = int(self.mask[idx].sum(1).max())
-        return Rollout(self.input_ids[idx, :n_ctx], self.attention_mask[idx, :n_ctx],
-                       self.positions[idx, :n_reply], self.actions[idx, :n_reply],
+        return Rollout(self.input_ids[idx, cut:], self.attention_mask[idx, cut:],
+                       (self.positions[idx, :n_reply] - cut).clamp_min(0),
+                       self.actions[idx, :n_reply],
                        self.mask[idx, :n_reply], self.logp_behaviour[idx, :n_reply],
                        self.temperature[idx], self.rewards[idx], self.weights[idx],
                        None if self.groups is None else self.groups[idx])
@@ -114,9 +121,10 @@ def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
     logp = torch.zeros(b, n_reply)
     for i, (prompt, reply, lps, *_rest) in enumerate(episodes):
         p, r = len(prompt), len(reply)
-        input_ids[i, :p + r] = torch.tensor(list(prompt) + list(reply))
-        attention[i, :p + r] = 1
-        positions[i, :r] = torch.arange(p - 1, p + r - 1)  # logits at j predict token j+1
+        pad = n_ctx - p - r
+        input_ids[i, pad:] = torch.tensor(list(prompt) + list(reply))
+        attention[i, pad:] = 1
+        positions[i, :r] = torch.arange(pad + p - 1, pad + p + r - 1)  # column j predicts j+1
         actions[i, :r] = torch.tensor(list(reply))
         mask[i, :r] = 1.0
         logp[i, :r] = torch.tensor(list(lps), dtype=torch.float32)
@@ -149,7 +157,7 @@ class Step:
     logp: Tensor                    # (B, T) log-prob of each reply token
     entropy: Tensor                 # (B, T) entropy of the tempered distribution
     values: Tensor | None           # (B, T)
-    logp_all: Tensor | None = None  # (B, T, V) when asked for (exact KL)
+    scored: Scored | None = None    # the kept logits, when asked for (exact KL)
 
 
 @dataclass
@@ -161,25 +169,19 @@ class Policy:
 
     def forward(self, mb: Rollout, *, adapter: bool = True, values: bool = True,
                 full: bool = False, entropy_grad: bool = False) -> Step:
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         device = mb.input_ids.device
         off = self.model.disable_adapter() if not adapter else contextlib.nullcontext()
         amp = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
                else contextlib.nullcontext())
         with off, amp:
-            hidden = base.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                        use_cache=False).last_hidden_state  # (B, L, H)
-            # Only the reply positions go through the LM head: (B, T, V) instead of (B, L, V).
-            h = hidden.gather(1, mb.positions[..., None].expand(-1, -1, hidden.shape[-1]))
-            # As the model's own forward: its LM head, logit scaling, final soft cap.
-            from reinf.modeling import lm_head_logits
-            logits = lm_head_logits(base, h)  # (B, T, V)
-        logp_all = torch.log_softmax(logits.float() / mb.temperature[:, None, None], dim=-1)
-        logp = logp_all.gather(-1, mb.actions[..., None]).squeeze(-1)
-        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)  # a (B, T, V) graph only if asked
-        v = self.value_head(h.detach() if self.detach_value else h) if values else None
-        return Step(logp, entropy, v, logp_all if full else None)
+            # The model's own forward, through the one scoring path the sampler agrees with.
+            out = token_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.positions,
+                                 mb.actions, mb.mask, mb.temperature, hidden=values,
+                                 entropy_grad=entropy_grad, keep_logits=full)
+        v = None
+        if values:
+            v = self.value_head(out.hidden.detach() if self.detach_value else out.hidden)
+        return Step(out.logp, out.entropy, v, out if full else None)
 
     def parameters(self) -> list[nn.Parameter]:
         """Trainable tensors in a fixed order (the optimizer state depends on it)."""
@@ -434,9 +436,10 @@ def measure_kl(policy: Policy, b: Rollout, batch_size: int) -> Tensor:
         for start in range(0, len(b), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(b)), device=b.mask.device)
             mb = b.select(idx)
-            new = policy.forward(mb, values=False, full=True).logp_all     # (b, T, V)
-            ref = policy.forward(mb, adapter=False, values=False, full=True).logp_all
-            kl[idx, :new.shape[1]] = (new.exp() * (new - ref)).sum(-1) * mb.mask
+            new = policy.forward(mb, values=False, full=True).scored
+            ref = policy.forward(mb, adapter=False, values=False, full=True).scored
+            part = kl_per_token(new, ref, mb.temperature)                # (b, T)
+            kl[idx, :part.shape[1]] = part * mb.mask
     return kl
 
 

@@ -37,6 +37,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from reinf.sampling import ForwardArgs
+
 #: Ridge strengths tried, as multiples of the mean diagonal of the feature kernel.
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 FOLDS = 10              # cross-validation folds once there are more than LOO_UP_TO ratings
@@ -79,8 +81,15 @@ def _features(base, chunk, device) -> Tensor:
         reply_mask[i, p:p + r] = 1.0
         last[i] = p + r - 1
         lengths[i] = r
-    out = base(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-               output_hidden_states=True, use_cache=False)
+    # Hidden states only: the decoder under the LM head, so no (B, L, V) logits are made
+    # and thrown away (a model without get_decoder is asked for one column of logits).
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    kwargs = {}
+    if decoder is None or decoder is base:
+        decoder = base
+        kwargs = {"logits_to_keep": 1} if ForwardArgs(base).keeps_logits else {}
+    out = decoder(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                  output_hidden_states=True, use_cache=False, **kwargs)
     hidden = out.hidden_states  # (layers + 1) x (B, L, H)
     mask = reply_mask.to(device)[..., None]
     count = mask.sum(1).clamp_min(1.0)

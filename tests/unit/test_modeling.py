@@ -185,7 +185,7 @@ def test_sampling_follows_the_distribution_and_the_seed():
     assert len(set(again)) == 1
 
 
-# --- LoRA targets and LM-head logits on stand-in module trees (no model load) --------------
+# --- LoRA targets on stand-in module trees (no model load) ---------------------------------
 
 from types import SimpleNamespace
 
@@ -194,7 +194,6 @@ from torch import nn
 from reinf.errors import ConfigError
 from reinf.lora import (attention_projections, fan_in_fan_out, linear_names, lora_targets,
                         target_layers)
-from reinf.modeling import lm_head_logits
 
 
 class Fused(nn.Module):
@@ -283,37 +282,6 @@ def test_fan_in_fan_out_for_conv1d_layers():
     assert fan_in_fan_out(model, ["qkv_proj"])
     assert not fan_in_fan_out(model, ["o_proj"])
     assert not fan_in_fan_out(model, ["qkv_proj", "o_proj"])
-
-
-@pytest.mark.parametrize("config,transform", [
-    (dict(model_type="llama"), lambda x: x),
-    (dict(model_type="cohere", logit_scale=0.25), lambda x: x * 0.25),
-    (dict(model_type="granite", logits_scaling=4.0), lambda x: x / 4.0),
-    (dict(model_type="hyperclovax", logits_scaling=4.0), lambda x: x * 4.0),
-    (dict(model_type="mpt", logit_scale=0.25), lambda x: x),   # MPT's forward ignores it
-    (dict(model_type="minicpm3", logits_scaling=2.0), lambda x: x / 2.0),
-    (dict(model_type="gemma2", final_logit_softcapping=0.5),
-     lambda x: torch.tanh(x / 0.5) * 0.5),
-    (dict(model_type="gemma2", final_logit_softcapping=None), lambda x: x),
-    (dict(model_type="recurrent_gemma", logits_soft_cap=0.5), lambda x: torch.tanh(x / 0.5) * 0.5),
-])
-def test_lm_head_logits_apply_what_the_family_applies(config, transform):
-    torch.manual_seed(0)
-    model = StandIn(**{k: v for k, v in config.items() if k != "model_type"},
-                    model_type=config["model_type"])
-    h = torch.randn(2, 3, 8)
-    expected = transform(model.lm_head(h))
-    assert torch.allclose(lm_head_logits(model, h), expected, atol=1e-6)
-
-
-def test_lm_head_logits_use_the_whole_head_and_the_unpadded_vocab():
-    model = StandIn(unpadded_vocab_size=9)
-    model.lm_head = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 11))
-    model.get_output_embeddings = lambda: model.lm_head[2]   # BERT-style: transform + decoder
-    h = torch.randn(1, 2, 8)
-    out = lm_head_logits(model, h)
-    assert out.shape == (1, 2, 9)
-    assert torch.allclose(out, model.lm_head(h)[..., :9])
 
 
 # --- max_history: null = as many turns as suit the model ------------------------------------

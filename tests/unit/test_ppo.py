@@ -202,16 +202,20 @@ def test_explained_variance():
 def test_rollout_positions_point_at_the_logits_that_predict_each_reply_token():
     b = build_rollout([([5, 6, 7], [8, 9], [-0.1, -0.2], 0.7, 1.0, 0.5),
                        ([3], [4, 5, 6], [-1.0, -2.0, -3.0], 1.0, -1.0, 1.0)])
-    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [3, 4, 5, 6, 0]]
-    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
-    # logits at index j predict token j+1: reply token 8 (index 3) comes from position 2
-    assert b.positions.tolist() == [[2, 3, 0], [0, 1, 2]]
+    # left-padded: every row ends at the last column (its logits are the ones kept)
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9], [0, 3, 4, 5, 6]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]
+    # logits at column j predict token j+1: reply token 8 (column 3) comes from column 2
+    assert b.positions.tolist() == [[2, 3, 0], [1, 2, 3]]
     assert b.actions.tolist() == [[8, 9, 0], [4, 5, 6]]
     assert b.mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     close(b.logp_behaviour, [[-0.1, -0.2, 0.0], [-1.0, -2.0, -3.0]])
     close(b.temperature, [0.7, 1.0])
     sub = b.select(torch.tensor([0]))
     assert sub.input_ids.shape == (1, 5) and sub.mask.shape == (1, 2)
+    # a row alone drops the padding on its left, and its positions move with it
+    sub = b.select(torch.tensor([1]))
+    assert sub.input_ids.tolist() == [[3, 4, 5, 6]] and sub.positions.tolist() == [[0, 1, 2]]
     assert b.groups is None and sub.groups is None
 
 
