@@ -13,8 +13,8 @@ Three log-probs per reply token, all ``log_softmax(logits / temperature)`` in fp
 sample's own sampling temperature:
 - behaviour: stored when the reply was sampled, under whatever adapter was live then. The
   PPO ratio ``exp(logp_new - logp_behaviour)`` is taken against it, because ratings arrive
-  after the adapter may have changed (the off-policy correction; it is 1, up to float noise, when the
-  adapter has not changed since);
+  after the adapter may have changed (the off-policy correction; it is 1, up to float
+  noise, when the adapter has not changed since);
 - old: under the adapter as it is at the start of the round (no grad). It feeds the KL
   penalty and ``approx_kl``, which measures how far *this round* moved the policy;
 - ref: the same model with the adapter disabled (no second copy of the model).
