@@ -20,10 +20,11 @@ previous turn); different conversations only queue at the engine. Thread-safe.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Iterator
 
-from reinf.config import Config
+from reinf.config import Config, model_display_name
 from reinf.errors import BadInput
 from reinf.records import ConversationRecord, TurnRecord
 from reinf.store import check_system_prompt
@@ -46,16 +47,35 @@ class ChatStream:
         self._service = service
         self._reply_stream = None
         self._turn: TurnRecord | None = None
+        self._shown: str | None = None  # what the person saw of it, when stop() was told
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._reply_stream)
 
-    def stop(self) -> None:
+    def stop(self, shown: str | None = None) -> None:
+        """End the reply early. ``shown``: the text the person saw. The generator runs
+        ahead of the screen (a terminal prints each delta after it arrives, and Ctrl-C
+        lands in between), so then only the tokens of that text are stored, and nothing
+        at all when it is empty: a cut before anything appeared leaves no turn."""
+        if shown is not None:
+            self._shown = shown
         self._reply_stream.stop()
 
-    def wait(self, timeout: float | None = None) -> TurnRecord:
-        """The stored turn; raises the generation or storage error, if any."""
+    def wait(self, timeout: float | None = None) -> TurnRecord | None:
+        """The stored turn (None: cut before anything was shown, so none was stored);
+        raises the generation or storage error, if any."""
         self._reply_stream.wait(timeout)
+        turn, shown = self._turn, self._shown
+        if turn is not None and shown is not None and turn.reply != shown:
+            # the reply had ended and been stored before the cut came: cut it now
+            store = self._service.store
+            kept = keep_shown(shown, turn.reply, turn.reply_ids, turn.logprobs,
+                              self._service.engine.tokenizer)
+            if kept is None:
+                store.forget_turn(turn.id)
+                self._turn = None
+            else:
+                self._turn = store.cut_reply(turn.id, *kept)
         return self._turn
 
     @property
@@ -74,7 +94,13 @@ class ChatStream:
     def _store(self, reply, error) -> None:
         """Runs in the reply's thread when it ends (see ChatService.stream)."""
         try:
-            if error is None:
+            if error is None and self._shown is not None and reply.text != self._shown:
+                kept = keep_shown(self._shown, reply.text, reply.reply_ids, reply.logprobs,
+                                  self._service.engine.tokenizer)
+                reply = None if kept is None else dataclasses.replace(
+                    reply, text=kept[0], reply_ids=kept[1], logprobs=kept[2],
+                    interrupted=True, finish_reason="interrupted")
+            if error is None and reply is not None:
                 gen_params = dict(reply.gen_params)
                 if self.stream_id:  # a client's streamed completion id finds the turn later
                     gen_params["stream_id"] = self.stream_id
@@ -82,11 +108,33 @@ class ChatStream:
                     self.conversation_id, self.message, reply.text,
                     prompt_ids=reply.prompt_ids, reply_ids=reply.reply_ids,
                     logprobs=reply.logprobs, checkpoint_id=reply.checkpoint_id,
-                    model=self._service.engine.model_name, gen_params=gen_params,
+                    model=model_display_name(self._service.engine.model_name),
+                    gen_params=gen_params,
                     ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
                     interrupted=reply.interrupted)
         finally:
             self._service._release(self.conversation_id)
+
+
+def keep_shown(shown: str, text: str, reply_ids, logprobs,
+               tokenizer) -> tuple[str, list[int], list[float]] | None:
+    """(text, reply_ids, logprobs) of a reply cut to the tokens whose text is ``shown``
+    (a prefix of ``text``, made of whole deltas); None when nothing was shown. The ids are
+    replayed through the same Detokenizer that made the deltas, so the cut falls right
+    after the token of the last delta shown."""
+    from reinf.modeling import Detokenizer
+
+    if not shown:
+        return None
+    if shown == text:
+        return text, list(reply_ids), list(logprobs)
+    decoded, kept = Detokenizer(tokenizer), len(reply_ids)
+    for n, token in enumerate(reply_ids, 1):
+        decoded.add(token)
+        if len(decoded.text) >= len(shown):
+            kept = n
+            break
+    return shown, list(reply_ids[:kept]), list(logprobs[:kept])
 
 
 class ChatService:

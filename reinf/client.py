@@ -102,6 +102,9 @@ class HttpBackend:
     def new_conversation(self) -> int | None:
         return None  # the server creates it with its first message
 
+    def forget(self, turn_id: int) -> None:
+        self.request("DELETE", f"/api/turns/{int(turn_id)}")
+
 
 class HttpReply:
     """A reply streaming from the server (``reinf.repl.ReplyHandle``).
@@ -176,7 +179,9 @@ class HttpReply:
             elif event == "error":
                 raise self.error
 
-    def stop(self) -> None:
+    def stop(self, shown: str | None = None) -> None:
+        # ``shown`` is not sent: the server keeps what it generated; the REPL forgets a
+        # turn of which nothing was shown
         if self.done is not None or self.stream_id is None or self._ended.is_set():
             return
         try:

@@ -5,8 +5,10 @@ variables, command-line flags. Loading yields a frozen ``Config`` whose sections
 are frozen dataclasses. Each setting has a *public name*: the leaf name
 (``learning_rate``), except LoRA and training settings, which keep their section
 (``lora.r``, ``training.method``). The environment variable is the public name upper-cased with dots
-as underscores, with or without a ``REINF_`` prefix (``TRAIN_INTERVAL_MINUTES``,
-``REINF_LORA_R``); the prefixed form wins when both are set.
+as underscores after a ``REINF_`` prefix (``REINF_LORA_R``). Only the training-schedule keys
+(``BARE_ENV``) are also read without the prefix (``TRAIN_INTERVAL_MINUTES``); the prefixed
+form wins when both are set. Every value remembers where it came from (``Config.origins``)
+so that errors and ``reinf config show`` can name it.
 
 The reference file ``config.yaml`` at the repository root is generated from
 these declarations by :func:`render_yaml`; a test keeps the two in step.
@@ -28,6 +30,10 @@ import yaml
 from reinf.errors import ConfigError
 
 ENV_PREFIX = "REINF_"
+# The only settings also read from an unprefixed variable (TRAIN_AFTER_RATINGS=3), as the
+# README has always shown them. Any other bare name (HOST, PORT, DEVICE, DB_URL) belongs to
+# the shell, the container or the CI job, which set them for other programs.
+BARE_ENV = ("train_interval_minutes", "train_after_ratings")
 DEFAULT_HOME = "~/.reinf"
 CONFIG_FILENAME = "config.yaml"
 # The repository (or install) root: the directory that holds reinf/, webui/, models/.
@@ -53,6 +59,12 @@ class ServerConfig:
     max_request_bytes: int = setting(1_000_000, "largest request body accepted, in bytes", min=1024)
     max_message_chars: int = setting(16_000, "longest chat message accepted, in characters", min=1)
     threads: int = setting(8, "worker threads of the WSGI server", min=1, max=256)
+    connection_limit: int = setting(200, "connections open at once; more wait to be accepted",
+                                    min=10, max=4000)
+    request_header_timeout_seconds: float = setting(
+        15.0, "close a connection with no complete request (idle, or a request head still "
+              "arriving) after this long; a streaming reply is never cut by it", min=1.0,
+        max=600.0)
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,8 @@ class RewardsConfig:
                                     min=0.0)
     tag_adjustments: dict[str, float] = setting(
         {"too technical": -0.2, "needs examples": -0.1, "too long": -0.2, "wrong": -0.3,
-         "great tone": 0.2}, "reward added per tag")
+         "great tone": 0.2}, "reward added per tag; a table set here or in "
+                            "REINF_TAG_ADJUSTMENTS replaces this one whole (list every tag)")
     half_life_days: float = setting(30.0, "age at which a rating's weight halves; 0 = no decay",
                                     min=0.0)
     reward_min: float = setting(-2.0, "lowest final reward (clip)")
@@ -199,6 +212,8 @@ class RewardsConfig:
     hook_timeout_seconds: float = setting(2.0, "longest a reward hook may run per rating", min=0.01)
     hook_import_timeout_seconds: float = setting(10.0, "longest a reward hook may take to import",
                                                  min=0.1)
+    hook_memory_mb: int = setting(4096, "address space a reward hook's process (and what it "
+                                        "starts) may use, in MiB; 0 = no limit", min=0)
     critics: dict[str, float] = setting({"length": 0.0, "repetition": 0.0, "format": 0.0},
                                         "weight of each automatic critic; 0 = off")
     critic_combine: str = setting("weighted_average", "how human reward and critics combine",
@@ -230,6 +245,11 @@ class Config:
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     # Where the file settings came from (None: defaults only). Not a setting.
     source: str | None = None
+    # Public name -> "file", "environment", "flag" or "override"; a name not here has its
+    # default. Not settings, and not part of equality.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # Public name -> the environment variable it was read from (REINF_PORT).
+    env_names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def data_dir(self) -> Path:
@@ -242,6 +262,16 @@ class Config:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
+    def origin_kind(self, name: str) -> str:
+        """Where setting ``name`` (public name) came from: default, file, environment, flag
+        or override."""
+        return self.origins.get(name, "default")
+
+    def origin(self, name: str) -> str:
+        """Where setting ``name`` came from, for a message: the file's path, "environment
+        variable REINF_PORT", "command-line flag", ... ."""
+        return _describe_origin(name, self.origins, self.env_names, self.source)
+
     def replace(self, **overrides: Any) -> "Config":
         """A copy with some settings changed, by public name: ``cfg.replace(learning_rate=1e-3)``.
 
@@ -250,7 +280,8 @@ class Config:
         """
         flat = {name.replace("_", ".", 1) if name.startswith(tuple(s + "_" for s in PREFIXED))
                 else name: value for name, value in overrides.items()}
-        return _build(self.to_dict(), flat, source="override", file=self.source)
+        return _build(self.to_dict(), flat, kind="override", file=self.source,
+                      origins=self.origins, env_names=self.env_names)
 
 
 # --- the table of settings -------------------------------------------------------------
@@ -310,30 +341,38 @@ def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | 
     environ = os.environ if environ is None else environ
     file = Path(path).expanduser() if path else find_config_file(environ)
     tree: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    in_file: set[str] = set()
     if file is not None:
-        _merge_file(tree, file)
-    env_values = _read_env(environ)
-    cfg = _build(tree, env_values, source="environment variable", file=str(file) if file else None)
+        in_file = _merge_file(tree, file)
+    env_values, env_names = _read_env(environ)
+    cfg = _build(tree, env_values, kind="environment", file=str(file) if file else None,
+                 origins={name: "file" for name in in_file}, env_names=env_names)
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flags:
-        cfg = _build(cfg.to_dict(), flags, source="command-line flag", file=cfg.source)
+        cfg = _build(cfg.to_dict(), flags, kind="flag", file=cfg.source, origins=cfg.origins,
+                     env_names=cfg.env_names)
     return cfg
 
 
-def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> None:
+def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> set[str]:
+    """Put the file's settings into ``tree``; return their public names."""
     where = str(file)
     if not file.exists():
         raise ConfigError(f"config file {where} does not exist",
                           fix="create it with `reinf init`, or point REINF_CONFIG elsewhere")
     try:
         data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where} is not valid YAML: {exc}".strip(),
-                          fix="fix the syntax, or delete the file to use the defaults") from None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(where, exc) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} is not UTF-8 text (byte {exc.start})",
+                          fix="save it as UTF-8, or delete it to use the defaults") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping of sections to settings",
                           fix="start from the reference config.yaml")
     public = _by_public()
+    by_place = {(s.section, s.key): s.public for s in public.values()}
+    found: set[str] = set()
     for top, value in data.items():
         if top in SECTIONS:
             if value is None:
@@ -347,50 +386,90 @@ def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> None:
                     raise ConfigError(f"unknown key '{top}.{key}' in {where}", key=f"{top}.{key}",
                                       fix=_suggest(str(key), known, f"remove it from section '{top}'"))
                 tree[top][key] = v
+                found.add(by_place[(top, key)])
         elif top in public:  # a flat public name at top level is accepted too
             info = public[top]
             tree[info.section][info.key] = value
+            found.add(top)
         else:
             raise ConfigError(f"unknown key '{top}' in {where}", key=str(top),
                               fix=_suggest(str(top), set(SECTIONS) | set(public), "remove it"))
+    return found
 
 
-def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+def _yaml_error(where: str, exc: yaml.YAMLError) -> ConfigError:
+    """One line: the file, the line and column, what the parser found. PyYAML's own text
+    spans several lines (a context, a caret drawing, a note)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc)
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start and context != problem:  # "while scanning a quoted scalar"
+        problem = f"{problem}, {context} that starts on line {start.line + 1}"
+    problem = " ".join(str(problem).split())
+    place = f"{where}, line {mark.line + 1}, column {mark.column + 1}" if mark else where
+    return ConfigError(f"{place}: not valid YAML ({problem})",
+                       fix="fix the syntax there (indentation, a missing colon or quote), or "
+                           "delete the file to use the defaults")
+
+
+def _read_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings given in the environment (public name -> text) and the variable each
+    came from."""
     values: dict[str, Any] = {}
+    names: dict[str, str] = {}
     for info in settings():
-        raw = environ.get(ENV_PREFIX + info.env, environ.get(info.env))
-        if raw is not None and not (info.env == "DATA_DIR" and environ.get("REINF_HOME")):
-            values[info.public] = raw
+        candidates = [ENV_PREFIX + info.env] + ([info.env] if info.public in BARE_ENV else [])
+        for var in candidates:  # the prefixed name first: it wins
+            if environ.get(var) is not None:
+                if not (info.public == "data_dir" and environ.get("REINF_HOME")):
+                    values[info.public], names[info.public] = environ[var], var
+                break
     if environ.get("REINF_HOME"):
-        values["data_dir"] = environ["REINF_HOME"]
-    return values
+        values["data_dir"], names["data_dir"] = environ["REINF_HOME"], "REINF_HOME"
+    return values, names
 
 
-def _build(tree: Mapping[str, Mapping[str, Any]], flat: Mapping[str, Any], *, source: str,
-           file: str | None) -> Config:
-    """Apply ``flat`` (public name -> value, from ``source``) over ``tree``, check, freeze."""
+def _describe_origin(name: str, origins: Mapping[str, str], env_names: Mapping[str, str],
+                     file: str | None) -> str:
+    kind = origins.get(name)
+    if kind == "environment":
+        return f"environment variable {env_names.get(name, ENV_PREFIX + name.upper())}"
+    if kind == "flag":
+        return "command-line flag"
+    if kind == "override":
+        return "override"
+    return file or "the defaults"
+
+
+def _build(tree: Mapping[str, Mapping[str, Any]], flat: Mapping[str, Any], *, kind: str,
+           file: str | None, origins: Mapping[str, str] | None = None,
+           env_names: Mapping[str, str] | None = None) -> Config:
+    """Apply ``flat`` (public name -> value, from ``kind``: environment, flag, override)
+    over ``tree``, check, freeze. ``origins`` says where ``tree``'s values came from."""
     public = _by_public()
     merged = {name: dict(tree.get(name, {})) for name in SECTIONS}
-    origin: dict[str, str] = {}
+    origins = dict(origins or {})
+    env_names = dict(env_names or {})
     for name, value in flat.items():
         if name not in public:
-            raise ConfigError(f"unknown setting '{name}' ({source})", key=name,
+            where = _describe_origin(name, {name: kind}, env_names, file)
+            raise ConfigError(f"unknown setting '{name}' ({where})", key=name,
                               fix=_suggest(name, set(public), "see `reinf config show`"))
         info = public[name]
         merged[info.section][info.key] = value
-        origin[name] = source
+        origins[name] = kind
     sections = {}
     for info in settings():
-        where = origin.get(info.public) or (f"{file}" if file else "defaults")
+        where = _describe_origin(info.public, origins, env_names, file)
         raw = merged[info.section].get(info.key, info.default)
-        merged[info.section][info.key] = _coerce(info, raw, where, from_text=info.public in origin
+        merged[info.section][info.key] = _coerce(info, raw, where, from_text=info.public in flat
                                                  and isinstance(raw, str))
     for name, cls in SECTIONS.items():
         sections[name] = cls(**merged[name])
     data_dir = sections["storage"].data_dir or str(home_dir({}))
     sections["storage"] = dataclasses.replace(sections["storage"], data_dir=data_dir)
-    cfg = Config(**sections, source=file)
-    _check_combinations(cfg, lambda name: origin.get(name) or file or "the defaults")
+    cfg = Config(**sections, source=file, origins=origins, env_names=env_names)
+    _check_combinations(cfg, cfg.origin)
     return cfg
 
 
@@ -556,11 +635,13 @@ def _suggest(word: str, options: set[str], otherwise: str) -> str:
 
 # --- output ----------------------------------------------------------------------------
 
-def render_yaml(cfg: Config | None = None) -> str:
-    """The config as commented YAML: every key, a one-line comment, its value."""
+def render_yaml(cfg: Config | None = None, *, origins: bool = False) -> str:
+    """The config as commented YAML: every key, a one-line comment, its value. With
+    ``origins``, each comment starts with where the value came from: ``[default]``,
+    ``[file]``, ``[environment REINF_PORT]``, ``[flag]`` (``reinf config show``)."""
     cfg = cfg or Config(storage=StorageConfig())
     lines = ["# Reinf configuration. Every key, its default and one line of help.",
-             "# Precedence: defaults < this file < environment (KEY or REINF_KEY) < flags.",
+             "# Precedence: defaults < this file < environment (REINF_KEY) < flags.",
              "# Copy to $REINF_HOME/config.yaml (reinf init does) and edit there.", ""]
     values = cfg.to_dict()
     current = None
@@ -572,11 +653,27 @@ def render_yaml(cfg: Config | None = None) -> str:
             current = info.section
         value = values[info.section][info.key]
         dumped = json.dumps(value, ensure_ascii=False) if value is not None else "null"
-        lines.append(f"  {info.key}: {dumped}  # {info.help}")
+        mark = ""
+        if origins:
+            kind = cfg.origin_kind(info.public)
+            mark = f"[{kind} {cfg.env_names[info.public]}] " if kind == "environment" \
+                else f"[{kind}] "
+        lines.append(f"  {info.key}: {dumped}  # {mark}{info.help}")
     return "\n".join(lines) + "\n"
 
 
 # --- where the model lives -------------------------------------------------------------
+
+def model_display_name(source: str) -> str:
+    """The model's name as clients see it (a turn's ``model`` in /api/chat and ``chat
+    --json``, /api/ping, /v1/models): a named model (reinf-demo, smollm2-135m) or a hub id
+    as it is, a local directory by its own name. Never the path: that would tell every
+    client where the person keeps their files, and change when they move them."""
+    value = source.rstrip("/\\")
+    local = value.startswith((".", "~", "/")) or "\\" in value or value.count("/") > 1 \
+        or Path(value).expanduser().exists()
+    return value.replace("\\", "/").rsplit("/", 1)[-1] if local else value
+
 
 def demo_model_dir(cfg: Config) -> Path:
     """The built-in demo model: the checkout's models/reinf-demo, else one built in data_dir."""

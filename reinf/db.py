@@ -143,6 +143,41 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(cfg).get_current_head()
 
 
+def require_schema(engine: Engine) -> None:
+    """The database holds Reinf's tables at this version's revision, or a StoreError says
+    which command fixes it. Nothing is created or migrated here (read-only commands)."""
+    where = engine.url.render_as_string(hide_password=True)
+    current, head = current_revision(engine), head_revision()
+    if current == head:
+        return
+    if current is None:
+        others = table_names(engine)
+        if others:
+            raise StoreError(f"the database {where} holds {len(others)} tables but not "
+                             "Reinf's: db_url points at another application's database",
+                             fix="point REINF_DB_URL (or db_url in config.yaml) at Reinf's "
+                                 "own database", status=503)
+        raise StoreError(f"the database {where} has no Reinf tables yet",
+                         fix="run `reinf init` to create them", status=503)
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from alembic.config import Config as AlembicConfig
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    try:
+        known = ScriptDirectory.from_config(cfg).get_revision(current) is not None
+    except CommandError:
+        known = False
+    if not known:
+        raise StoreError(f"the database {where} is at schema revision {current}, which this "
+                         f"Reinf does not know (a newer Reinf wrote it)",
+                         fix="upgrade Reinf, or point db_url at another database", status=503)
+    raise StoreError(f"the database {where} has an older schema ({current}; this Reinf "
+                     f"needs {head})",
+                     fix="run `reinf db upgrade` (`reinf serve` upgrades it too)", status=503)
+
+
 def table_names(engine: Engine) -> list[str]:
     return sorted(inspect(engine).get_table_names())
 

@@ -9,7 +9,13 @@ A hook is user code, so it runs in a child Python process, never in ours:
   parent, the same bytes whose hash the status cache uses). An edit therefore takes effect
   on the very next call, with nothing to reload, and no ``.pyc`` is read or written, so an
   edit within one mtime tick can never be missed;
-- the hook's ``print`` goes to stderr; the protocol has its own copy of stdout.
+- the hook's ``print`` goes to stderr; the protocol has its own copy of stdout;
+- the child leads its own process group, and the whole group is killed when the evaluation
+  ends, so processes the hook started (a ``sleep`` in the background) do not outlive it;
+- the child limits itself before running the hook: address space (``hook_memory_mb``), file
+  size (``FILE_BYTES``) and CPU time (the time the parent would wait for all its calls);
+- an error's text is capped (``MAX_ERROR_CHARS``): it travels into the run's record, both
+  logs, ``reinf status`` and the web pages.
 
 Protocol: the parent writes one JSON request to the child's stdin. The child answers with
 JSON lines: ``{"ready": ..., "critics": [...]}`` once the file imported, then one
@@ -50,6 +56,13 @@ IMPORT_TIMEOUT_SECONDS = 10.0
 # (Python start-up on a busy machine, and a child whose faulthandler never fired).
 SLACK_SECONDS = 10.0
 CRITIC_PREFIX = "critic_"
+# Longest hook error message kept: a hook that raises with a 5 MB message (say, the whole
+# metadata) must not put 5 MB into every status line and page.
+MAX_ERROR_CHARS = 2000
+# Resource limits of a hook child (and of what it starts): address space, the default of
+# hook_memory_mb; and the largest file it may write, its stderr included.
+MEMORY_MB = 4096
+FILE_BYTES = 64 * 1024 * 1024
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -109,7 +122,8 @@ def read_source(spec: HookSpec) -> tuple[str, str]:
 
 def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
              labels: Sequence[str], *, critics: Sequence[str], call_timeout: float,
-             import_timeout: float = IMPORT_TIMEOUT_SECONDS) -> HookResult:
+             import_timeout: float = IMPORT_TIMEOUT_SECONDS,
+             memory_mb: int = MEMORY_MB) -> HookResult:
     """Call the hook's mapper, and its ``critic_<name>`` for each name in ``critics`` that it
     defines, on every ``(score, metadata)`` item, in one child process.
 
@@ -118,7 +132,7 @@ def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
     """
     request = json.dumps({"path": str(spec.path), "source": source, "function": spec.function,
                           "critics": list(critics), "call_timeout": call_timeout,
-                          "import_timeout": import_timeout,
+                          "import_timeout": import_timeout, "memory_mb": memory_mb,
                           "items": [{"score": s, "metadata": m, "label": label}
                                     for (s, m), label in zip(items, labels)]})
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
@@ -127,7 +141,8 @@ def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, env=env,
-                                cwd=str(spec.path.parent) if spec.path.parent.is_dir() else None)
+                                cwd=str(spec.path.parent) if spec.path.parent.is_dir() else None,
+                                start_new_session=POSIX)  # its own process group: see _kill
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_feed, args=(proc, request.encode()), daemon=True).start()
         threading.Thread(target=_drain, args=(proc, lines), daemon=True).start()
@@ -135,8 +150,7 @@ def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
             return _collect(spec, proc, lines, err, labels, len(critics), call_timeout,
                             import_timeout)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            _kill(proc)
             proc.wait()
             output = _tail(err, 4000).strip()
             if output:  # the hook's print()s: visible with --debug, never in the results
@@ -146,6 +160,23 @@ def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
                     stream.close()
                 except OSError:
                     pass
+
+
+POSIX = hasattr(os, "killpg")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the child and every process in its group (what the hook started). Called before
+    the child is reaped: until then its pid, which is the group's id, cannot be reused."""
+    if proc.returncode is not None:
+        return  # reaped: its group was killed before that
+    if POSIX:
+        try:
+            os.killpg(proc.pid, 9)  # SIGKILL; the group outlives a leader that has exited
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+    if proc.poll() is None:
+        proc.kill()
 
 
 def _feed(proc: subprocess.Popen, data: bytes) -> None:
@@ -176,10 +207,11 @@ def _collect(spec, proc, lines, err, labels, n_critics, call_timeout, import_tim
         try:
             line = lines.get(timeout=limit * calls + SLACK_SECONDS)
         except queue.Empty:
-            proc.kill()
+            _kill(proc)
             proc.wait()
             raise _timeout_error(spec, err, waiting, limit) from None
         if line is None:  # the child ended without answering: killed by its own timer, or died
+            _kill(proc)
             proc.wait()
             stderr = _tail(err)
             if "Timeout (" in stderr:
@@ -223,14 +255,47 @@ def _tail(err, size: int = 20_000) -> str:
 
 def build_error(path: Path | str, line: int | None, message: str, *,
                 fix: str = FIX) -> HookError:
-    """A HookError reading "reward hook <file>:<line>: <message>"."""
+    """A HookError reading "reward hook <file>:<line>: <message>", the message capped at
+    MAX_ERROR_CHARS."""
     where = f"{path}:{line}" if line else f"{path}"
+    message = cap(message)
     exc = HookError(f"reward hook {where}: {message}", fix=fix)
     exc.path, exc.line = str(path), line  # for the web UI, which may point at the line
     return exc
 
 
+def cap(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters in all, cut)"
+
+
 # --- the child ------------------------------------------------------------------------------
+
+def _limit_resources(request: dict) -> None:
+    """Limit this child, and what it starts, before the hook runs: address space, file
+    size, and CPU time (the time the parent would wait for every call). Both the soft and
+    the hard limit are set, so the hook cannot raise them again. Where a platform refuses
+    one (macOS and RLIMIT_AS), the wall-clock timers still apply."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    calls = len(request["items"]) * (1 + len(request["critics"]))
+    cpu = math.ceil(request["import_timeout"] + calls * request["call_timeout"] + SLACK_SECONDS)
+    limits = [(resource.RLIMIT_FSIZE, FILE_BYTES), (resource.RLIMIT_CPU, cpu)]
+    if request.get("memory_mb"):
+        limits.append((resource.RLIMIT_AS, int(request["memory_mb"]) * 1024 * 1024))
+    for what, value in limits:
+        _, hard = resource.getrlimit(what)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        try:
+            resource.setrlimit(what, (value, value))
+        except (ValueError, OSError):
+            pass
+
 
 def _die_with_parent() -> None:
     """On Linux, be killed with the process that asked for the evaluation: a hung hook
@@ -257,6 +322,7 @@ def serve_child() -> None:
     sys.stdout = sys.stderr
     request = json.loads(sys.stdin.buffer.read())
     sys.stdin = open(os.devnull)
+    _limit_resources(request)
 
     def send(obj: dict) -> None:
         proto.write((json.dumps(obj) + "\n").encode())
@@ -334,7 +400,7 @@ def _describe(exc: BaseException, path: str, context: str) -> dict:
     for frame in traceback.extract_tb(exc.__traceback__):
         if frame.filename == path:
             line = frame.lineno  # keep the innermost frame in the hook file
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = cap(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     if isinstance(exc, SyntaxError) and exc.filename:
         text += f" ({exc.filename}:{exc.lineno})"
     return {"line": line, "message": f"{text} ({context})"}

@@ -8,6 +8,10 @@ nobody holds is stale by definition and is taken over; nothing ever has to guess
 pid whether the owner still lives. The file is never deleted, only emptied on release:
 deleting it would let two processes lock two different files under the same name.
 
+People delete it all the same (``rm reinf.pid``, a habit after a crash), so the server also
+holds a flock on the data directory itself, which cannot be deleted from under it while
+its database and logs are in it: a second ``reinf serve`` is refused even then.
+
 ``<data_dir>/train.lock`` is held around each training round. The daemon hands its
 descriptor to the child trainer, so a trainer that outlives a crashed daemon (no
 parent-death signal on macOS) still holds it and no second round starts beside it.
@@ -56,6 +60,7 @@ class FileLock:
         self.path = path
         self.fd: int | None = fd
         self.info = info
+        self.dir_fd: int | None = None  # the server's lock on the data directory
 
     @property
     def held(self) -> bool:
@@ -86,6 +91,9 @@ class FileLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+            if self.dir_fd is not None:
+                dir_fd, self.dir_fd = self.dir_fd, None
+                os.close(dir_fd)  # closing the last descriptor drops its flock
 
     def __enter__(self) -> "FileLock":
         return self
@@ -123,8 +131,22 @@ def read_info(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def lock_directory(directory: Path) -> int | None:
+    """An exclusive flock on ``directory`` itself: its descriptor, or None if it is held."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    return fd
+
+
 def is_held(path: Path) -> bool:
-    """Whether some process holds the lock on ``path`` (probes by trying to take it)."""
+    """Whether some process holds the lock on ``path``, a file or a directory (probes by
+    trying to take it)."""
     if not path.exists():
         return False
     try:
@@ -152,16 +174,23 @@ def acquire_lock(config, *, host: str | None = None, port: int | None = None,
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "version": get_version(), "data_dir": str(config.data_dir)}
     deadline = time.monotonic() + RETRY_SECONDS
+    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        lock = try_lock(path, info)
-        if lock is not None:
-            return lock
+        dir_fd = lock_directory(path.parent)  # first: it survives `rm reinf.pid`
+        if dir_fd is not None:
+            lock = try_lock(path, info)
+            if lock is not None:
+                lock.dir_fd = dir_fd
+                return lock
+            os.close(dir_fd)
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
     other = read_info(path)
     where = other.get("url") or (f"http://{other['host']}:{other['port']}"
                                  if other.get("host") else "starting up")
+    if not path.exists():
+        where = f"its {LOCK_NAME} was deleted; `ps` shows it"
     raise Conflict(f"another reinf serve (pid {other.get('pid', '?')}, {where}) is using "
                    f"{config.data_dir}",
                    fix="stop it first, or set REINF_HOME to another directory")
@@ -177,7 +206,8 @@ def acquire_train_lock(config, *, trigger: str) -> FileLock | None:
 def read_lock(config) -> dict[str, Any]:
     """What ``reinf status`` shows about the server: its JSON plus whether it is held."""
     path = lock_path(config)
-    held = is_held(path)
+    # the directory's lock says it even when someone deleted reinf.pid
+    held = is_held(path) or is_held(path.parent)
     info = read_info(path) if held else {}
     return {"running": held, "pid": info.get("pid"), "url": info.get("url"),
             "host": info.get("host"), "port": info.get("port"),

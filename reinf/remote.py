@@ -57,7 +57,9 @@ def probe_server(url: str, *, token: str | None = None,
                  timeout: float = PROBE_TIMEOUT_SECONDS) -> dict[str, Any] | None:
     """What ``GET {url}/api/ping`` answers ({"service": "reinf", "version", "model",
     "chat"}), or None when no Reinf server answers there (nothing listens, another
-    service, or a wrong ``token``).
+    service). A Reinf server that refuses ``token`` (missing or wrong: 401) raises
+    TokenRefused, which says so: "no server answers" would send the person looking for
+    a server that is running.
 
     Where nothing listens the connection is refused at once; the timeout only bounds a
     server that accepted the connection (a busy server answers within it)."""
@@ -68,9 +70,29 @@ def probe_server(url: str, *, token: str | None = None,
     try:
         with open_url(request, timeout=timeout) as response:
             data = json.load(response)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 401 and 'realm="reinf"' in (exc.headers.get("WWW-Authenticate") or ""):
+            raise token_refused(url, token) from None  # a Reinf server: the token is the fault
+        return None
     except (OSError, ValueError, urllib.error.URLError):
         return None
     return data if isinstance(data, dict) and data.get("service") == "reinf" else None
+
+
+class TokenRefused(ReinfError):
+    """A Reinf server answered 401: the client sent no auth token, or a wrong one."""
+    status = 401
+
+
+def token_refused(url: str, token: str | None) -> TokenRefused:
+    fix = ("set REINF_AUTH_TOKEN (or auth_token in config.yaml) to the token that server "
+           "was started with")
+    if not token:
+        return TokenRefused(f"reinf serve at {url} needs an auth token, and none is set",
+                            fix=fix)
+    return TokenRefused(f"reinf serve at {url} refused the auth token: it is not that "
+                        "server's", fix=fix)
 
 
 def locate_server(config) -> dict[str, Any]:

@@ -5,8 +5,9 @@ The loop talks to a ``Backend``: ``LocalBackend`` runs the model in this process
 the same protocol. Turns and ratings cross it as the JSON dicts of the HTTP API
 (``TurnRecord.to_dict()``, ``RatingRecord.to_dict()``), so both behave the same here.
 
-Keys: Ctrl-C during a reply stops it (the partial reply is stored, marked interrupted);
-Ctrl-C or Ctrl-D at a prompt leaves.
+Keys: Ctrl-C during a reply stops it: the part shown is stored, marked interrupted, and
+nothing when nothing was shown yet. At a prompt, as in Python's REPL, Ctrl-C clears the
+line; a second one in a row, or Ctrl-D, leaves.
 """
 from __future__ import annotations
 
@@ -28,16 +29,22 @@ HELP = """commands:
   /history      this conversation's turns and ratings
   /rate N [TAGS] rate the last reply N (1-5), tags comma-separated: /rate 2 too long,wrong
   /undo         remove the last rating made in this session
-  /quit         leave (also Ctrl-D)
-Ctrl-C stops a reply; the part you saw is kept. Start a message with // to send a leading /."""
+  /paste        send several lines as one message (end with a line holding only ".")
+  /quit         leave (also Ctrl-D, or Ctrl-C twice)
+Ctrl-C stops a reply; the part you saw is kept (nothing, if nothing appeared yet).
+At a prompt Ctrl-C clears the line. End a line with \\ to go on on the next one.
+Start a message with // to send a leading /."""
+LEAVE_HINT = "(Ctrl-C again or Ctrl-D to leave)"
+MORE_PROMPT = "...> "
 
 
 class ReplyHandle(Protocol):
     conversation_id: int
 
     def __iter__(self) -> Iterator[str]: ...          # text deltas as they are generated
-    def stop(self) -> None: ...                       # end the reply early
-    def result(self) -> dict: ...                     # the stored turn (TurnRecord.to_dict())
+    # end the reply early; shown: the text the person saw (only that is to be kept)
+    def stop(self, shown: str | None = None) -> None: ...
+    def result(self) -> dict | None: ...              # the stored turn (TurnRecord.to_dict())
 
 
 class Backend(Protocol):
@@ -50,6 +57,7 @@ class Backend(Protocol):
     def undo(self, turn_id: int | None = None) -> dict | None: ...   # the removed rating
     def history(self, conversation_id: int, limit: int = 20) -> list[dict]: ...  # oldest first
     def new_conversation(self) -> int | None: ...     # None: the next message starts one
+    def forget(self, turn_id: int) -> None: ...       # delete a turn for good
 
 
 class _LocalHandle:
@@ -60,11 +68,12 @@ class _LocalHandle:
     def __iter__(self) -> Iterator[str]:
         return iter(self._chat)
 
-    def stop(self) -> None:
-        self._chat.stop()
+    def stop(self, shown: str | None = None) -> None:
+        self._chat.stop(shown)  # the turn is stored cut to what was shown
 
-    def result(self) -> dict:
-        return self._chat.wait().to_dict()
+    def result(self) -> dict | None:
+        turn = self._chat.wait()
+        return turn.to_dict() if turn is not None else None
 
 
 class LocalBackend:
@@ -96,6 +105,9 @@ class LocalBackend:
 
     def new_conversation(self) -> int | None:
         return None  # created with its first message, so /new twice leaves no empty ones
+
+    def forget(self, turn_id: int) -> None:
+        self.store.forget_turn(turn_id)
 
 
 def parse_rating(line: str) -> tuple[int, list[str]]:
@@ -133,23 +145,78 @@ class Repl:
         if self.system_prompt is not None:
             self.say(f"system prompt: {_clip(self.system_prompt) or '(none)'}")
         while True:
-            try:
-                line = self.read(USER_PROMPT)
-            except (EOFError, KeyboardInterrupt):
-                self.say()
+            line = self.prompt(USER_PROMPT)
+            if line is None:
                 return 0
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("/") and not line.startswith("//"):
-                if self.command(line) is self.QUIT:
+            if line.rstrip().endswith("\\") and not line.lstrip().startswith("/"):
+                line = self.continued(line)  # a trailing backslash: the message goes on
+            elif line.strip().lower() == "/paste":
+                line = self.paste()
+            elif line.strip().startswith("/") and not line.strip().startswith("//"):
+                if self.command(line.strip()) is self.QUIT:
                     return 0
                 continue
-            turn = self.chat(line[1:] if line.startswith("//") else line)
+            else:
+                line = line.strip()
+                line = line[1:] if line.startswith("//") else line
+            if not line or not line.strip():
+                continue
+            turn = self.chat(line)
             # a reply stopped before its first token has nothing to rate
             unseen = turn is not None and turn.get("interrupted") and not turn.get("reply")
             if turn is not None and not unseen and self.ask_rating(turn) is self.QUIT:
                 return 0
+
+    def prompt(self, text: str) -> str | None:
+        """Read one line. Ctrl-C clears it and asks again, as Python's REPL does; a second
+        Ctrl-C in a row, or Ctrl-D, returns None: leave."""
+        interrupted = False
+        while True:
+            try:
+                return self.read(text)
+            except EOFError:
+                self.say()
+                return None
+            except KeyboardInterrupt:
+                if interrupted:
+                    self.say()
+                    return None
+                interrupted = True
+                self.say("\n" + LEAVE_HINT)
+
+    def continued(self, first: str) -> str | None:
+        """A message whose lines end with a backslash, joined with line breaks."""
+        parts, line = [], first
+        while line.rstrip().endswith("\\"):
+            parts.append(line.rstrip()[:-1])
+            try:
+                line = self.read(MORE_PROMPT)
+            except EOFError:
+                line = ""
+                break
+            except KeyboardInterrupt:
+                self.say("\n[message dropped]")
+                return None
+        return "\n".join(parts + [line]).strip("\n")
+
+    def paste(self) -> str | None:
+        """/paste: every line up to one holding only "." (or Ctrl-D) is one message, so a
+        pasted text with several lines is sent whole, not line by line."""
+        self.say('paste or type your message; end it with a line holding only "." '
+                 "(or Ctrl-D); Ctrl-C drops it")
+        lines = []
+        while True:
+            try:
+                line = self.read("")
+            except EOFError:
+                break
+            except KeyboardInterrupt:
+                self.say("\n[message dropped]")
+                return None
+            if line.strip() == ".":
+                break
+            lines.append(line)
+        return "\n".join(lines).strip("\n")
 
     def chat(self, message: str) -> dict | None:
         """Send one message, stream the reply; Ctrl-C at any point of it (before or after
@@ -167,6 +234,7 @@ class Repl:
         except ReinfError as exc:
             self.say(f"error: {exc}")
             return None
+        shown, cut = "", bool(pressed)
         try:
             self.conversation_id = handle.conversation_id
             self.say(BOT_PREFIX, end="")
@@ -174,8 +242,10 @@ class Repl:
                 handle.stop()
             for delta in handle:
                 self.say(delta, end="")
+                shown += delta
         except KeyboardInterrupt:
-            handle.stop()
+            cut = True
+            handle.stop(shown=shown)  # what came after the last delta shown is not kept
         except ReinfError as exc:
             self.say(f"\nerror: {exc}")
             return None
@@ -185,6 +255,8 @@ class Repl:
             self.say(f"\nerror: {exc}")
             return None
         self.say()
+        if cut and not shown:
+            return self.discard(turn)
         if turn.get("interrupted"):
             done = (f"after {turn['reply_tokens']} tokens" if turn.get("reply_tokens")
                     else "before the first token")
@@ -192,13 +264,24 @@ class Repl:
         self.last_turn = turn
         return turn
 
+    def discard(self, turn: dict | None) -> None:
+        """A reply cut before any text appeared: nothing of it is kept. The local backend
+        stored nothing; a server stored what it generated, which is forgotten here."""
+        if turn is not None:
+            try:
+                self.backend.forget(turn["turn_id"])
+            except ReinfError as exc:
+                self.say(f"error: {exc}")
+                return None
+        self.say("[stopped before any text appeared; nothing kept]")
+        return None
+
     def ask_rating(self, turn: dict):
         while True:
-            try:
-                line = self.read(RATE_PROMPT).strip()
-            except (EOFError, KeyboardInterrupt):
-                self.say()
+            line = self.prompt(RATE_PROMPT)
+            if line is None:
                 return self.QUIT
+            line = line.strip()
             if not line:
                 return None
             if line.startswith("/"):

@@ -162,7 +162,9 @@ def _compute(config, samples, *, now, log_errors: bool, remember: bool = True,
                                     labels or [f"turn {s.turn_id}" for s in samples],
                                     critics=list(weights),
                                     call_timeout=settings["hook_timeout_seconds"],
-                                    import_timeout=_import_timeout(settings))
+                                    import_timeout=_import_timeout(settings),
+                                    memory_mb=int(settings.get("hook_memory_mb",
+                                                               hooks.MEMORY_MB)))
             _check_critics(weights, result.defined_critics, spec)
             human, custom = result.rewards, result.critics
     except HookError as exc:

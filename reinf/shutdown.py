@@ -91,7 +91,9 @@ def run_server(server, stop: Stop, *, daemon=None, grace_seconds: float = 10.0,
         socket_map = server.map  # MultiSocketServer (several listening sockets)
 
     def step() -> None:
-        wasyncore.loop(timeout=poll, map=socket_map, count=1)
+        wasyncore.loop(timeout=poll, map=socket_map, count=1,  # poll: past 1023 descriptors
+                       use_poll=getattr(getattr(server, "adj", None), "asyncore_use_poll",
+                                        False))
 
     def in_flight() -> bool:
         return any(isinstance(ch, HTTPChannel) and (ch.requests or ch.total_outbufs_len)

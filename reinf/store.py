@@ -125,6 +125,26 @@ class Store:
         secure_data_dir(config)
         return cls(config.db_url, busy_timeout_ms=config.storage.busy_timeout_ms, migrate=migrate)
 
+    @classmethod
+    def open_existing(cls, config) -> "Store":
+        """The store for a command that only reads (``reinf status``): it never creates a
+        database nor migrates one. A ``db_url`` that points somewhere unexpected (another
+        application's database) is reported, not filled with Reinf's tables."""
+        from reinf.permissions import sqlite_file
+
+        path = sqlite_file(config.db_url)
+        if path is not None and not path.exists():
+            raise StoreError(f"there is no Reinf database at {path} yet",
+                             fix="run `reinf init` to create it (`reinf serve` does too), or "
+                                 "set REINF_HOME or REINF_DB_URL to where it is")
+        store = cls.open(config, migrate=False)
+        try:
+            db.require_schema(store.engine)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -234,6 +254,23 @@ class Store:
                 conv.title = title_of(user_message)
             s.flush()
             return _turn(turn, conv.user_id)
+
+    def cut_reply(self, turn_id: int, reply: str, reply_ids: Sequence[int],
+                  logprobs: Sequence[float]) -> TurnRecord:
+        """Shorten a stored reply to its first tokens (``reply`` is their text), marked
+        interrupted: a terminal cut a reply the engine had already finished and stored,
+        and only what the person saw is kept (reinf.chat.ChatStream)."""
+        if len(logprobs) != len(reply_ids):
+            raise BadInput(f"{len(logprobs)} log-probs for {len(reply_ids)} reply tokens")
+        with self._session(write=True) as s:
+            turn = s.get(Turn, turn_id)
+            if turn is None:
+                raise NotFound(f"no turn {turn_id}")
+            if unpack_ids(turn.reply_ids)[:len(reply_ids)] != list(reply_ids):
+                raise BadInput(f"turn {turn_id}: the tokens to keep are not its first ones")
+            turn.reply, turn.interrupted = reply, True
+            turn.reply_ids, turn.logprobs = pack_ids(reply_ids), pack_floats(logprobs)
+        return self.get_turn(turn_id)
 
     def get_turn(self, turn_id: int) -> TurnRecord:
         with self._session(write=False) as s:

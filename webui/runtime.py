@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import current_app
 
-from reinf.config import Config
+from reinf.config import Config, model_display_name
 from reinf.errors import NotAvailable
 from webui.security import Guard
 from webui.streaming import Streams
@@ -40,10 +40,8 @@ class Runtime:
 
     @property
     def model_name(self) -> str:
-        """The model id shown to OpenAI clients: the config's model_path, last component."""
-        value = self.config.model.model_path.rstrip("/\\")
-        return value.replace("\\", "/").rsplit("/", 1)[-1] if value.startswith(
-            (".", "/", "~")) else value
+        """The model id shown to clients: a named model or hub id, a directory's name."""
+        return model_display_name(self.config.model.model_path)
 
     def schedule_info(self) -> dict[str, Any]:
         """The daemon's schedule and state; GET /api/status answers even if it fails."""

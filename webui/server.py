@@ -6,13 +6,23 @@ Streaming: waitress 3 writes every chunk the app yields to the socket at once
 Content-Length, so each SSE event reaches the client as it is generated. A client
 that disconnects makes waitress close the response iterator, which raises
 GeneratorExit inside the SSE generator; that is how a browser's Stop ends generation.
+
+Connections: waitress stops accepting at ``connection_limit``, and by default closes a
+connection only after ``channel_timeout`` (here 600 s, for slow streaming clients) without
+activity. 120 connections that never finished their headers held the server shut. Here a
+connection that has no complete request (it is idle, or its request head is still
+arriving) is closed after ``header_timeout`` seconds; one whose request is being answered
+(a reply streaming) is never cut by that; and the limit is ``server.connection_limit``.
 """
 from __future__ import annotations
 
 import errno
 import logging
+import select
 import socket
 import threading
+import time
+import types
 
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser
@@ -30,6 +40,13 @@ log = logging.getLogger("reinf.webui")
 # waitress answers its own plain-text 413 at once and closes.
 BODY_MARGIN = 65536
 DRAIN_FACTOR = 16
+HEADER_TIMEOUT_SECONDS = 15.0
+CONNECTION_LIMIT = 200
+# Waitress logs "Task queue depth is N" for every request queued behind busy threads: 8,254
+# lines in 121 s under load. One line per this many seconds, with a count of the others.
+QUEUE_WARNING_SECONDS = 60.0
+# select() cannot watch descriptors above 1023; poll() can, so the limit may exceed it.
+USE_POLL = hasattr(select, "poll")
 
 
 class DrainingParser(HTTPRequestParser):
@@ -42,6 +59,10 @@ class DrainingParser(HTTPRequestParser):
 
     drain_limit = 0
     _discard = 0
+
+    def __init__(self, adj):
+        super().__init__(adj)
+        self.started = time.time()  # when its first byte arrived: see close_waiting
 
     def received(self, data: bytes) -> int:
         if self._discard:
@@ -93,17 +114,75 @@ def check_port(host: str, port: int) -> None:
             raise _bind_error(exc, host, port) from None
 
 
-def create_server(app, *, host: str, port: int, threads: int = 8, max_request_bytes: int):
+def close_waiting(server, now: float) -> None:
+    """Replaces waitress's ``maintenance``: close the connections that have no complete
+    request after ``server.header_timeout`` seconds (counted from their last activity when
+    idle, from the first byte of a request head still arriving, so a head sent one byte
+    at a time cannot hold a connection). A request body still arriving gets
+    ``channel_timeout`` between bytes, as before; a request being answered is left alone."""
+    for channel in list(server.active_channels.values()):
+        if channel.requests:
+            continue  # being answered: a reply may stream for minutes
+        parser = channel.request
+        if parser is not None and parser.headers_finished:
+            waiting, limit = channel.last_activity, server.adj.channel_timeout
+        else:
+            waiting = getattr(parser, "started", channel.last_activity) if parser is not None \
+                else channel.last_activity
+            limit = server.header_timeout
+        if waiting < now - limit:
+            channel.will_close = True
+
+
+class EveryFewSeconds(logging.Filter):
+    """Let one record through per ``seconds``; the next one that passes says how many were
+    held back meanwhile."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+        self.last = float("-inf")
+        self.held = 0
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            if now - self.last < self.seconds:
+                self.held += 1
+                return False
+            if self.held:
+                record.msg = f"{record.msg} ({self.held} more such warnings held back)"
+            self.last, self.held = now, 0
+            return True
+
+
+def quiet_queue_warnings(seconds: float = QUEUE_WARNING_SECONDS) -> None:
+    queue_log = logging.getLogger("waitress.queue")
+    if not any(isinstance(f, EveryFewSeconds) for f in queue_log.filters):
+        queue_log.addFilter(EveryFewSeconds(seconds))
+
+
+def create_server(app, *, host: str, port: int, threads: int = 8, max_request_bytes: int,
+                  header_timeout: float = HEADER_TIMEOUT_SECONDS,
+                  connection_limit: int = CONNECTION_LIMIT):
     """A bound (not yet running) waitress server. A port in use is a ReinfError."""
+    quiet_queue_warnings()
     try:
         server = create_waitress(
             app, host=host, port=port, threads=threads, ident="reinf",
             max_request_body_size=max_request_bytes + BODY_MARGIN,
-            # a streamed reply can take a while between tokens on a busy CPU
-            channel_timeout=600, clear_untrusted_proxy_headers=True)
+            # a streamed reply can take a while between tokens on a busy CPU, and a slow
+            # client may take a while to read it
+            channel_timeout=600, clear_untrusted_proxy_headers=True,
+            connection_limit=connection_limit, asyncore_use_poll=USE_POLL,
+            # close_waiting runs this often
+            cleanup_interval=max(1, min(30, int(header_timeout / 3))))
     except OSError as exc:
         raise _bind_error(exc, host, port) from None
     server.channel_class = _channel_class(max_request_bytes * DRAIN_FACTOR + BODY_MARGIN)
+    server.header_timeout = header_timeout
+    server.maintenance = types.MethodType(close_waiting, server)
     return server
 
 
@@ -116,10 +195,13 @@ class BackgroundServer:
     """A waitress server on a thread, stoppable: for tests and the screenshot script."""
 
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, threads: int = 4,
-                 max_request_bytes: int | None = None):
+                 max_request_bytes: int | None = None,
+                 header_timeout: float = HEADER_TIMEOUT_SECONDS,
+                 connection_limit: int = CONNECTION_LIMIT):
         limit = max_request_bytes or app.config.get("MAX_CONTENT_LENGTH") or 1_000_000
         self.server = create_server(app, host=host, port=port, threads=threads,
-                                    max_request_bytes=limit)
+                                    max_request_bytes=limit, header_timeout=header_timeout,
+                                    connection_limit=connection_limit)
         self.host = host
         self.port = self.server.effective_port
         self.url = format_url(host, self.port).rstrip("/")
@@ -131,7 +213,7 @@ class BackgroundServer:
         # and the sockets are closed by the thread that polls them.
         server = self.server
         while not self._stop.is_set():
-            server.asyncore.loop(timeout=0.1, map=server._map, count=1)
+            server.asyncore.loop(timeout=0.1, map=server._map, count=1, use_poll=USE_POLL)
         server.task_dispatcher.shutdown(timeout=5)
         server.asyncore.close_all(server._map)
 

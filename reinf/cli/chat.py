@@ -25,7 +25,8 @@ def chat(app, once, conversation_id, url, temperature, max_new_tokens, system_pr
 
     With a Reinf daemon running (`reinf serve`), chat talks to it; otherwise the model
     runs in this process. Ctrl-C stops a reply (the part you saw is kept, marked
-    interrupted); Ctrl-C or Ctrl-D at a prompt leaves.
+    interrupted; nothing, if nothing appeared yet). At a prompt Ctrl-C clears the line;
+    a second Ctrl-C, or Ctrl-D, leaves.
     """
     app.override(temperature=temperature, max_new_tokens=max_new_tokens)
     backend = build_backend(app, url, quiet=as_json, conversation_id=conversation_id,

@@ -17,9 +17,10 @@ class AppContext:
     and commands that need neither never touch the disk."""
 
     def __init__(self, config_path: str | None = None, home: str | None = None,
-                 debug: bool = False):
+                 debug: bool = False, home_is_flag: bool = False):
         self.config_path = config_path
         self.home = home
+        self.home_is_flag = home_is_flag  # --home, not REINF_HOME: `config show` says which
         self.debug = debug
         self.overrides: dict[str, Any] = {}
         self._config: Config | None = None
@@ -36,10 +37,13 @@ class AppContext:
         if self._config is None:
             import os
             environ = dict(os.environ)
+            overrides = dict(self.overrides)
             if self.home:
-                environ["REINF_HOME"] = self.home
+                environ["REINF_HOME"] = self.home  # where the config file is looked for
+                if self.home_is_flag:
+                    overrides["data_dir"] = self.home
             self._config = load_config(self.config_path, environ=environ,
-                                       overrides=self.overrides)
+                                       overrides=overrides)
             self._private()
         return self._config
 
@@ -58,6 +62,14 @@ class AppContext:
         if self._store is None:
             from reinf.store import Store
             self._store = Store.open(self.config)
+        return self._store
+
+    def reading_store(self):
+        """The store for a command that only reads: it must not create or migrate a
+        database (see Store.open_existing)."""
+        if self._store is None:
+            from reinf.store import Store
+            self._store = Store.open_existing(self.config)
         return self._store
 
     def close(self) -> None:

@@ -56,7 +56,9 @@ def serve(app, host, port, no_train):
         web = create_app(config, store=store, chat=chat, engine=engine, daemon=daemon)
         server = create_server(web, host=config.server.host, port=config.server.port,
                                threads=config.server.threads,
-                               max_request_bytes=config.server.max_request_bytes)
+                               max_request_bytes=config.server.max_request_bytes,
+                               header_timeout=config.server.request_header_timeout_seconds,
+                               connection_limit=config.server.connection_limit)
         url = format_url(config.server.host, server.effective_port)
         lock.update(url=url.rstrip("/"), host=config.server.host, port=server.effective_port)
         click.echo(f"Reinf is serving {url}  (model {engine.model_name}; "

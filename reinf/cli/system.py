@@ -101,7 +101,7 @@ def status(app, as_json):
 
     daemon = locate_server(app.config)
     schedule = fetch_schedule(app.config) if daemon.get("running") else None
-    data = collect_status(app.config, app.store, daemon=daemon, schedule=schedule)
+    data = collect_status(app.config, app.reading_store(), daemon=daemon, schedule=schedule)
     emit(data, as_json, _print_status)
 
 
@@ -119,12 +119,14 @@ def _print_status(d):
         + (f", quantization {m['quantization']}" if m["quantization"] != "none" else ""),
         f"active checkpoint:  {d['active_checkpoint']}",
         f"turns / ratings:    {d['counts']['turns']} / {d['counts']['ratings']}",
-        f"ratings waiting:    {d['ratings_waiting']} (training after {d['train_after_ratings']})",
+        f"ratings waiting:    {d['ratings_waiting']} "
+        + ("(scheduled training off)" if _training_off(d)
+           else f"(training after {d['train_after_ratings']})"),
         f"last run:           " + (f"#{run['run_id']} {run['status']} {run['started_at']}"
                                    + (f" — {run['error']}" if run["error"] else "")
                                    if run else "none yet"),
         f"training:           {_describe_training(d['training'])}",
-        f"next run:           {d['next_run'] or 'when the daemon schedules it (reinf serve)'}",
+        f"next run:           {_describe_next_run(d)}",
         f"daemon:             " + ("running, pid %s" % d["daemon"].get("pid")
                                    if d["daemon"].get("running") else "not running"),
         f"reward hook:        {d['reward_hook']['mapper']}"
@@ -134,6 +136,22 @@ def _print_status(d):
     click.echo("\n".join(lines))
     for w in d["warnings"]:
         click.secho(f"warning: {w}", fg="yellow")
+
+
+def _training_off(d: dict) -> bool:
+    """The server runs but schedules no round (``reinf serve --no-train``)."""
+    return bool(d["daemon"].get("running")) and (d.get("schedule") or {}).get("scheduling") is False
+
+
+def _describe_next_run(d: dict) -> str:
+    if d["next_run"]:
+        return d["next_run"]
+    if _training_off(d):
+        return "none: scheduled training is off (reinf serve --no-train); `reinf train` runs one"
+    if d["daemon"].get("running"):
+        return f"after {d['train_after_ratings']} new ratings" if d["train_after_ratings"] \
+            else "none scheduled; `reinf train` runs one"
+    return "when the daemon schedules it (reinf serve)"
 
 
 def _describe_training(t: dict) -> str:
@@ -158,12 +176,19 @@ def config_show(app, as_json):
     """The effective config after the file, environment variables and flags."""
     from reinf.config import render_yaml
 
+    from reinf.config import settings
+
     cfg = app.config
     if as_json:
-        emit({"source": cfg.source, **cfg.to_dict()}, True, None)
+        names = [s.public for s in settings()]
+        emit({"source": cfg.source, **cfg.to_dict(),
+              "origins": {name: cfg.origin_kind(name) for name in names},
+              "environment": {name: var for name, var in cfg.env_names.items()
+                              if cfg.origin_kind(name) == "environment"}}, True, None)
     else:
-        click.echo(f"# effective config (file: {cfg.source or 'none, defaults'})")
-        click.echo(render_yaml(cfg), nl=False)
+        click.echo(f"# effective config (file: {cfg.source or 'none, defaults'}); each "
+                   "comment starts with where the value came from")
+        click.echo(render_yaml(cfg, origins=True), nl=False)
 
 
 @click.group(name="db")

@@ -137,7 +137,7 @@ def free_port() -> int:
 
 def test_reinf_serve_process_and_reinf_chat_through_it(tiny_model, home, tmp_path):
     port = free_port()
-    env = clean_env(home, MODEL_PATH=str(tiny_model), MAX_NEW_TOKENS="16")
+    env = clean_env(home, REINF_MODEL_PATH=str(tiny_model), REINF_MAX_NEW_TOKENS="16")
     proc = subprocess.Popen([sys.executable, "-m", "reinf", "serve", "--port", str(port),
                              "--no-train"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -176,7 +176,7 @@ def test_reinf_serve_process_and_reinf_chat_through_it(tiny_model, home, tmp_pat
 
 
 def test_reinf_serve_refuses_an_open_host_without_a_token(home, tiny_model):
-    env = clean_env(home, MODEL_PATH=str(tiny_model))
+    env = clean_env(home, REINF_MODEL_PATH=str(tiny_model))
     out = subprocess.run([sys.executable, "-m", "reinf", "serve", "--host", "0.0.0.0"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
@@ -185,7 +185,7 @@ def test_reinf_serve_refuses_an_open_host_without_a_token(home, tiny_model):
 
 
 def test_reinf_serve_reports_a_busy_port_before_loading_the_model(home, tiny_model):
-    env = clean_env(home, MODEL_PATH=str(tiny_model))
+    env = clean_env(home, REINF_MODEL_PATH=str(tiny_model))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -298,6 +298,9 @@ def test_training_page_shows_runs_hook_error_and_rolls_back(browser, config, sto
         browser.get(server.url + "/training")
         wait(browser, lambda d: d.find_element(By.ID, "active-checkpoint").text == "ckpt-2")
         assert browser.find_element(By.ID, "hook-state").text == "broken"
+        # build_daemon schedules nothing, as `reinf serve --no-train`: say so, promise no run
+        assert browser.find_element(By.ID, "next-run").text == \
+            "scheduled training is off (--no-train): use Train now"
         assert "undefined_name" in browser.find_element(By.ID, "hook-error").text
         assert len(browser.find_elements(By.CSS_SELECTOR, "#run-rows tr")) == 2
         assert len(browser.find_elements(By.CSS_SELECTOR, "#reward-chart circle.dot")) == 2
@@ -343,6 +346,26 @@ def test_rating_panel_comment_critical_undo_and_rerate(browser, live, store):
     panel = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR,
                                                    f"section.rating[data-turn-id='{tid}']"))
     wait(browser, lambda d: "Saved: 5/5 · rambles" in panel.text)
+
+
+def test_rating_a_deleted_turn_says_so_and_chooses_no_score(browser, live, store):
+    """The turn was forgotten (say, in another tab) after the page showed it: the panel
+    said "Not saved: no turn N — see `reinf history` for turn ids", a command-line hint,
+    and left the clicked score highlighted as if chosen."""
+    from selenium.webdriver.common.by import By
+
+    conv = store.create_conversation().id
+    tid = store.append_turn(conv, "explain", "a reply").id
+    browser.get(f"{live.url}/?conversation={conv}")
+    panel = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR,
+                                                   f"section.rating[data-turn-id='{tid}']"))
+    store.forget_turn(tid)
+    panel.find_element(By.CSS_SELECTOR, "button[data-score='4']").click()
+    wait(browser, lambda d: "Not saved: this reply was deleted" in panel.text)
+    assert "reinf" not in panel.text and "`" not in panel.text
+    buttons = panel.find_elements(By.CSS_SELECTOR, "button.score")
+    assert [b.get_attribute("aria-pressed") for b in buttons] == ["false"] * 5
+    assert all(not b.is_enabled() for b in buttons)
 
 
 def complete_checkpoint(store, tmp_path, checkpoint_id: str, reward: float,

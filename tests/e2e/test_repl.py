@@ -15,7 +15,7 @@ import pytest
 from conftest import clean_env
 from reinf.cli.chat import TURN_FIELDS
 from reinf.config import load_config
-from reinf.repl import RATE_PROMPT, USER_PROMPT
+from reinf.repl import LEAVE_HINT, RATE_PROMPT, USER_PROMPT
 from reinf.store import Store
 from tiny import make_adapter, make_tiny_model
 from webui_fakes import FakeChatService
@@ -37,8 +37,8 @@ def free_port() -> int:
 
 
 def chat_env(home, model, **extra):
-    # PORT: a port where no daemon listens, so chat runs the model in-process
-    return clean_env(home, MODEL_PATH=str(model), PORT=str(free_port()), **extra)
+    # REINF_PORT: a port where no daemon listens, so chat runs the model in-process
+    return clean_env(home, REINF_MODEL_PATH=str(model), REINF_PORT=str(free_port()), **extra)
 
 
 def open_store(home) -> Store:
@@ -61,7 +61,7 @@ def spawn_chat(home, env, tmp_path):
 
 
 def test_chat_rate_undo_quit_in_a_terminal(tiny, home, tmp_path):
-    child = spawn_chat(home, chat_env(home, tiny, MAX_NEW_TOKENS="8"), tmp_path)
+    child = spawn_chat(home, chat_env(home, tiny, REINF_MAX_NEW_TOKENS="8"), tmp_path)
     child.sendline("Hello there")
     child.expect_exact("bot> ")
     child.expect_exact(RATE_PROMPT)
@@ -94,7 +94,7 @@ def test_chat_rate_undo_quit_in_a_terminal(tiny, home, tmp_path):
     assert (first.rating.score, first.rating.tags) == (4, ["too long", "wrong"])
     assert second.rating is None and not second.interrupted
     assert len(second.reply_ids) == len(second.logprobs) == 8
-    assert second.gen_params["max_new_tokens"] == 8 and second.model == str(tiny)
+    assert second.gen_params["max_new_tokens"] == 8 and second.model == tiny.name
     # the second prompt carried the first turn, through the chat template
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny)
@@ -111,7 +111,7 @@ def long_tiny(tmp_path_factory):
 
 
 def test_ctrl_c_stops_a_reply_and_keeps_it_marked_interrupted(long_tiny, home, tmp_path):
-    env = chat_env(home, long_tiny, MAX_NEW_TOKENS="3000", TEMPERATURE="0.01")
+    env = chat_env(home, long_tiny, REINF_MAX_NEW_TOKENS="3000", REINF_TEMPERATURE="0.01")
     child = spawn_chat(home, env, tmp_path)
     child.sendline("Tell me a long story")
     child.expect_exact("bot> ")
@@ -124,13 +124,18 @@ def test_ctrl_c_stops_a_reply_and_keeps_it_marked_interrupted(long_tiny, home, t
     child.sendline("1")
     child.expect_exact(f"rated turn {turn_id}: 1")
     child.expect_exact(USER_PROMPT)
-    child.sendintr()  # Ctrl-C at the prompt leaves cleanly
+    child.send("half a line")
+    child.sendintr()  # Ctrl-C at the prompt clears the line, as in Python's REPL
+    child.expect_exact(LEAVE_HINT)
+    child.expect_exact(USER_PROMPT)
+    child.sendintr()  # a second one leaves cleanly
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
 
     turn = open_store(home).get_turn(turn_id)
     assert turn.interrupted and turn.rating.score == 1
+    assert open_store(home).counts()["turns"] == 1  # "half a line" was never sent
     assert 0 < len(turn.reply_ids) == tokens < 3000
     assert len(turn.logprobs) == tokens
 
@@ -139,7 +144,7 @@ def test_once_json_continues_a_conversation(tiny, home, tmp_path):
     store = open_store(home)
     conv = store.create_conversation().id
     store.append_turn(conv, "Earlier question", "Earlier answer")
-    env = chat_env(home, tiny, MAX_NEW_TOKENS="6")
+    env = chat_env(home, tiny, REINF_MAX_NEW_TOKENS="6")
     done = subprocess.run(REINF + ["chat", "--once", "Hello there", "--json",
                                    "--conversation", str(conv)],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
@@ -149,7 +154,7 @@ def test_once_json_continues_a_conversation(tiny, home, tmp_path):
     turn = store.get_turn(out["turn_id"])
     assert (turn.conversation_id, turn.index, turn.reply) == (conv, 2, out["reply"])
     assert out == turn.to_dict()
-    assert out["user_message"] == "Hello there" and out["model"] == str(tiny)
+    assert out["user_message"] == "Hello there" and out["model"] == tiny.name
     assert out["rating"] is None and out["index"] == 2 and out["created_at"]
     assert out["checkpoint_id"] == "base" and out["interrupted"] is False
     assert out["reply_tokens"] == len(turn.reply_ids) == len(turn.logprobs) <= 6
@@ -167,7 +172,7 @@ def test_standalone_chat_serves_the_active_checkpoint(tiny, home, tmp_path):
             (ckpt / name).write_text("{}")
     store.add_checkpoint("r0001-test", str(ckpt))
     store.activate_checkpoint("r0001-test")
-    env = chat_env(home, tiny, MAX_NEW_TOKENS="4")
+    env = chat_env(home, tiny, REINF_MAX_NEW_TOKENS="4")
     done = subprocess.run(REINF + ["chat", "--once", "Hello", "--json"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
@@ -185,14 +190,14 @@ def test_an_explicit_url_without_a_daemon_is_a_clear_error(invoke):
 
 
 def test_an_unknown_conversation_fails_before_loading_anything(invoke, monkeypatch):
-    monkeypatch.setenv("PORT", str(free_port()))
+    monkeypatch.setenv("REINF_PORT", str(free_port()))
     result = invoke("chat", "--conversation", "42", "--once", "hi")
     assert result.exit_code == 1 and "no conversation 42" in result.output
 
 
 def test_a_missing_model_is_one_clear_line(invoke, monkeypatch, tmp_path):
-    monkeypatch.setenv("PORT", str(free_port()))
-    monkeypatch.setenv("MODEL_PATH", str(tmp_path / "no-model"))
+    monkeypatch.setenv("REINF_PORT", str(free_port()))
+    monkeypatch.setenv("REINF_MODEL_PATH", str(tmp_path / "no-model"))
     result = invoke("chat", "--once", "hi")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"no model at {tmp_path / 'no-model'} — run `reinf init` or set model_path" \
@@ -238,9 +243,10 @@ def test_ctrl_c_before_the_reply_starts_stops_only_the_reply(fake_chat, live, ho
         time.sleep(0.5)
         fake_chat.hold.clear()
         fake_chat.release.set()
-        child.expect(r"\[stopped (after \d+ tokens|before the first token); kept as turn (\d+), "
-                     r"marked interrupted\]")
-        turn_id = int(child.match.group(2))
+        kept = child.expect([r"\[stopped (after \d+ tokens|before the first token); kept as "
+                             r"turn (\d+), marked interrupted\]",
+                             r"\[stopped before any text appeared; nothing kept\]"]) == 0
+        turn_id = int(child.match.group(2)) if kept else None
         if child.expect_exact([RATE_PROMPT, USER_PROMPT]) == 0:
             child.sendline("")
             child.expect_exact(USER_PROMPT)
@@ -256,9 +262,12 @@ def test_ctrl_c_before_the_reply_starts_stops_only_the_reply(fake_chat, live, ho
         fake_chat.gate.set()
         child.close(force=True)
     assert child.exitstatus == 0
-    first, second = open_store(home).history(limit=None, oldest_first=True)
-    assert first.id == turn_id and first.interrupted
-    assert first.reply in ("", "echo: ")  # stopped before or at its first piece
+    turns = open_store(home).history(limit=None, oldest_first=True)
+    if kept:  # stopped at its first piece, which was shown
+        first, second = turns
+        assert first.id == turn_id and first.interrupted and first.reply == "echo: "
+    else:  # stopped before anything was shown: nothing of it is kept
+        [second] = turns
     assert second.reply == "echo: Second question" and not second.interrupted
 
 
@@ -307,10 +316,10 @@ def test_system_starts_the_conversation_with_it_in_the_prompt(tiny, home, tmp_pa
     tok = AutoTokenizer.from_pretrained(tiny)
     runs = {}
     for name, args, extra in [("flag", ["--system", "Be a pirate."], {}),
-                              ("config", [], {"SYSTEM_PROMPT": "Be kind."}),
-                              ("none", ["--system", ""], {"SYSTEM_PROMPT": "Be kind."})]:
+                              ("config", [], {"REINF_SYSTEM_PROMPT": "Be kind."}),
+                              ("none", ["--system", ""], {"REINF_SYSTEM_PROMPT": "Be kind."})]:
         done = subprocess.run(REINF + ["chat", "--once", "Hello there", "--json", *args],
-                              env=chat_env(home, tiny, MAX_NEW_TOKENS="4", **extra),
+                              env=chat_env(home, tiny, REINF_MAX_NEW_TOKENS="4", **extra),
                               cwd=tmp_path, capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, done.stderr
         runs[name] = json.loads(done.stdout)

@@ -13,7 +13,8 @@ import pytest
 from reinf.chat import ChatService
 from reinf.engine import Engine, Reply, ReplyStream
 from reinf.errors import BadInput, ModelError, NotFound
-from reinf.repl import RATE_PROMPT, USER_PROMPT, LocalBackend, Repl, parse_rating
+from reinf.repl import (LEAVE_HINT, MORE_PROMPT, RATE_PROMPT, USER_PROMPT, LocalBackend,
+                        Repl, parse_rating)
 from tiny import build_tiny_tokenizer
 
 
@@ -75,6 +76,20 @@ def test_a_message_becomes_a_stored_turn(service, store):
     assert (turn.checkpoint_id, turn.model, turn.ttft_ms, turn.latency_ms) == \
         ("ckpt-7", "scripted", 1.5, 9.0)
     assert turn.gen_params == {"temperature": 0.5, "top_p": 0.95, "max_new_tokens": 128}
+
+
+@pytest.mark.parametrize("loaded,shown", [
+    ("/home/me/.reinf/models/smollm2-135m", "smollm2-135m"),   # a named model, pulled
+    ("/home/me/checkout/models/reinf-demo/", "reinf-demo"),    # the demo model
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),  # hub id
+    ("~/models/my-model", "my-model"),
+])
+def test_a_turn_names_the_model_not_where_it_lives(service, store, loaded, shown):
+    """/api/chat and `chat --json` print the stored turn; its model was an absolute path."""
+    service.engine.model_name = loaded
+    chat = service.stream("hi")
+    "".join(chat)
+    assert chat.turn.model == shown and chat.turn.to_dict()["model"] == shown
 
 
 def test_a_stream_id_given_up_front_is_stored_and_names_the_turn(service, store):
@@ -254,8 +269,8 @@ def test_repl_ctrl_c_during_a_reply_keeps_the_partial_reply(config, store):
             yield next(iter(self.handle))
             raise KeyboardInterrupt
 
-        def stop(self):
-            self.handle.stop()
+        def stop(self, shown=None):
+            self.handle.stop(shown)
 
         def result(self):
             return self.handle.result()
@@ -268,6 +283,151 @@ def test_repl_ctrl_c_during_a_reply_keeps_the_partial_reply(config, store):
     turn = store.last_turn()
     assert code == 0 and turn.interrupted and turn.rating.score == 1
     assert f"kept as turn {turn.id}, marked interrupted" in screen.text
+
+
+def test_repl_ctrl_c_at_a_prompt_clears_the_line_and_a_second_one_leaves(service, store):
+    """As in Python's REPL; it used to leave at once, with exit 0, from either prompt."""
+    code, keys, out = run_repl(service, store, KeyboardInterrupt, "hello", KeyboardInterrupt,
+                               "4", KeyboardInterrupt, KeyboardInterrupt, "never read")
+    assert code == 0
+    assert keys.prompts == [USER_PROMPT, USER_PROMPT, RATE_PROMPT, RATE_PROMPT, USER_PROMPT,
+                            USER_PROMPT]
+    assert out.count(LEAVE_HINT) == 3 and keys.lines == ["never read"]
+    assert store.get_turn(1).rating.score == 4
+    # Ctrl-D leaves at once, from the rating prompt too
+    code, keys, _ = run_repl(service, store, "again")
+    assert code == 0 and keys.prompts == [USER_PROMPT, RATE_PROMPT]
+
+
+def test_paste_and_a_trailing_backslash_send_several_lines_as_one_message(service, store):
+    """A pasted text sent only its first line, and the rating prompt read the rest ("'The'
+    is not a score")."""
+    code, keys, out = run_repl(service, store, "/paste", "The first line", "", "The third",
+                               ".", "4", "one\\", "two\\", "three", "",
+                               "/paste", "dropped", KeyboardInterrupt, "/quit")
+    assert code == 0
+    first, second = store.history(limit=None, oldest_first=True)
+    assert first.user_message == "The first line\n\nThe third" and first.rating.score == 4
+    assert second.user_message == "one\ntwo\nthree" and second.rating is None
+    assert keys.prompts.count(MORE_PROMPT) == 2 and "is not a score" not in out
+    assert "[message dropped]" in out and store.counts()["turns"] == 2
+
+
+class TokenEngine(ScriptedEngine):
+    """Real token ids, emitted as the engine does (one Detokenizer delta per token), and
+    generated ahead of the reader: every token exists before the REPL shows the first."""
+
+    def __init__(self, config, text, hold=False):
+        super().__init__(config)
+        self.ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.hold = hold  # end only when stopped: the turn is stored after the cut
+
+    def stream_prompt(self, prompt_ids, params, *, on_finish=None):
+        from reinf.modeling import Detokenizer
+
+        def run(stream: ReplyStream) -> Reply:
+            text = Detokenizer(self.tokenizer)
+            for token in self.ids:
+                delta = text.add(token)
+                if delta:
+                    stream.emit(delta)
+            deadline = time.monotonic() + 5
+            while self.hold and not stream.stopped and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stream.emit(text.flush())
+            return Reply(text.text, list(prompt_ids), list(self.ids),
+                         [-0.5 - i for i in range(len(self.ids))], None, 1.0, 2.0,
+                         stream.stopped, dict(params), "stop")
+        return ReplyStream(run, on_finish=on_finish)
+
+
+def interrupting_backend(backend_cls, *, after: int):
+    """A backend whose reply raises KeyboardInterrupt once ``after`` deltas were shown."""
+    class Handle:
+        def __init__(self, handle):
+            self.handle, self.conversation_id = handle, handle.conversation_id
+
+        def __iter__(self):
+            deltas = iter(self.handle)
+            for _ in range(after):
+                yield next(deltas)
+            time.sleep(0.2)  # the generator is further along than the screen
+            raise KeyboardInterrupt
+
+        def stop(self, shown=None):
+            self.handle.stop(shown)
+
+        def result(self):
+            return self.handle.result()
+
+    class Interrupting(backend_cls):
+        def send_stream(self, message, conversation_id, **extra):
+            return Handle(super().send_stream(message, conversation_id, **extra))
+    return Interrupting
+
+
+@pytest.mark.parametrize("after,hold", [(2, False), (3, False), (2, True)])
+def test_a_cut_keeps_exactly_the_tokens_whose_text_was_shown(config, store, after, hold):
+    """Once 15 tokens were kept with nothing on screen; "the part you saw is kept". The
+    reply may have been stored before the cut (hold=False) or after it (hold=True)."""
+    engine = TokenEngine(config, "the quick brown fox jumps over the lazy dog again", hold)
+    svc = ChatService(engine, store, config)
+    keys, screen = Keyboard("story", "2"), Screen()
+    Repl(interrupting_backend(LocalBackend, after=after)(svc, store), read=keys,
+         out=screen).run()
+    turn = store.last_turn()
+    shown = screen.text.split("bot> ", 1)[1].split("\n", 1)[0]
+    assert turn.reply == shown and 0 < len(turn.reply_ids) < len(engine.ids)
+    assert turn.reply_ids == engine.ids[:len(turn.reply_ids)]
+    assert engine.tokenizer.decode(turn.reply_ids) == shown
+    assert turn.logprobs == [-0.5 - i for i in range(len(turn.reply_ids))]
+    assert turn.interrupted and turn.rating.score == 2
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_a_cut_before_anything_was_shown_stores_nothing(config, store, hold):
+    """It stored a one-token turn ('L', 'In') and asked for a rating."""
+    engine = TokenEngine(config, "Let me think about that", hold)
+    svc = ChatService(engine, store, config)
+    keys, screen = Keyboard("hello", "/history"), Screen()
+    code = Repl(interrupting_backend(LocalBackend, after=0)(svc, store), read=keys,
+                out=screen).run()
+    assert code == 0 and store.counts()["turns"] == 0
+    assert "[stopped before any text appeared; nothing kept]" in screen.text
+    assert RATE_PROMPT not in keys.prompts
+
+
+def test_a_cut_before_anything_was_shown_is_forgotten_on_a_server(store):
+    """Over HTTP the server stored what it generated: the REPL forgets it."""
+    class Handle:
+        conversation_id = 1
+
+        def __iter__(self):
+            raise KeyboardInterrupt
+            yield  # a generator
+
+        def stop(self, shown=None):
+            pass
+
+        def result(self):
+            return {"turn_id": 9, "reply": "In", "interrupted": True, "reply_tokens": 1}
+
+    class Server:
+        forgotten: list[int] = []
+
+        def describe(self):
+            return "fake"
+
+        def send_stream(self, message, conversation_id, **extra):
+            return Handle()
+
+        def forget(self, turn_id):
+            self.forgotten.append(turn_id)
+    server = Server()
+    keys, screen = Keyboard("hello"), Screen()
+    Repl(server, read=keys, out=screen).run()
+    assert server.forgotten == [9] and RATE_PROMPT not in keys.prompts
+    assert "nothing kept" in screen.text
 
 
 def test_repl_new_starts_another_conversation_and_undo_is_per_session(service, store):

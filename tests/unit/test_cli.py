@@ -140,6 +140,105 @@ def test_status_and_config_show(invoke, seeded, home):
     assert shown["ppo"]["learning_rate"] == pytest.approx(1e-3)
 
 
+def test_variables_set_for_other_programs_do_not_stop_status(invoke, seeded, home, monkeypatch):
+    """`HOST=buildbox reinf status` failed: bare HOST was read as the bind address."""
+    monkeypatch.setenv("HOST", "buildbox")
+    monkeypatch.setenv("DB_URL", f"sqlite:///{home / 'elsewhere.db'}")
+    monkeypatch.setenv("DATA_DIR", str(home / "elsewhere"))
+    result = invoke("status", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["counts"]["turns"] == 3 and data["db_url"] == f"sqlite:///{home / 'reinf.db'}"
+    assert not (home / "elsewhere.db").exists() and not (home / "elsewhere").exists()
+
+
+def test_status_never_creates_or_migrates_a_database(invoke, home, tmp_path, monkeypatch):
+    """A read-only command must not put Reinf's tables into a database db_url happens to
+    point at (another application's, an empty one, an older Reinf's)."""
+    import sqlite3
+
+    from reinf import db
+    from reinf.config import load_config
+
+    def tables(path):
+        with sqlite3.connect(path) as conn:
+            return sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master "
+                                                     "WHERE type = 'table'"))
+
+    def one_line(*words):
+        result = invoke("status")
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+        for word in words:
+            assert word in result.output, result.output
+
+    one_line("there is no Reinf database at", "run `reinf init`")  # nothing there yet
+    assert not (home / "reinf.db").exists()
+
+    other = tmp_path / "shop.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    other.chmod(0o600)  # else Reinf's one-line notice about tightening it comes first
+    monkeypatch.setenv("REINF_DB_URL", f"sqlite:///{other}")
+    one_line("holds 1 tables but not Reinf's", "another application's database")
+    assert tables(other) == ["customers"]
+
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    empty.chmod(0o600)
+    monkeypatch.setenv("REINF_DB_URL", f"sqlite:///{empty}")
+    one_line("has no Reinf tables yet", "run `reinf init`")
+    assert tables(empty) == []
+
+    monkeypatch.delenv("REINF_DB_URL")
+    assert invoke("init", "--skip-model").exit_code == 0
+    store = open_store(home)
+    db.downgrade(store.engine, "0001")
+    store.close()
+    one_line("has an older schema (0001", "run `reinf db upgrade`")
+    store = open_store_unmigrated(load_config(environ={"REINF_HOME": str(home)}))
+    assert db.current_revision(store.engine).startswith("0001")  # not upgraded behind our back
+    store.close()
+    assert invoke("db", "upgrade").exit_code == 0
+    assert invoke("status").exit_code == 0
+
+
+def open_store_unmigrated(config):
+    from reinf.store import Store
+
+    return Store.open(config, migrate=False)
+
+
+def test_config_show_marks_where_each_value_came_from(invoke, home, monkeypatch):
+    (home).mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("ppo:\n  batch_size: 4\n", encoding="utf-8")
+    monkeypatch.setenv("REINF_TEMPERATURE", "0.5")
+    text = invoke("--home", str(home), "config", "show").output
+    assert "  batch_size: 4  # [file] " in text
+    assert "  temperature: 0.5  # [environment REINF_TEMPERATURE] " in text
+    assert f"  data_dir: \"{home}\"  # [flag] " in text
+    assert "  top_p: 0.95  # [default] " in text
+    shown = json.loads(invoke("config", "show", "--json").output)
+    assert shown["origins"]["batch_size"] == "file" and shown["origins"]["top_p"] == "default"
+    assert shown["origins"]["temperature"] == "environment"
+    assert shown["environment"] == {"temperature": "REINF_TEMPERATURE", "data_dir": "REINF_HOME"}
+
+
+def test_status_says_scheduled_training_is_off_under_no_train(invoke, seeded, monkeypatch):
+    """Under `reinf serve --no-train`, status used to imply a round would come."""
+    import reinf.remote
+
+    schedule = {"scheduling": False, "next_run": None, "training": False, "warnings": []}
+    monkeypatch.setattr(reinf.remote, "locate_server", lambda config: {"running": True, "pid": 7})
+    monkeypatch.setattr(reinf.remote, "fetch_schedule", lambda config: schedule)
+    out = invoke("status").output
+    assert "next run:           none: scheduled training is off (reinf serve --no-train)" in out
+    assert "ratings waiting:    0 (scheduled training off)" in out
+    assert "training after" not in out
+    schedule["scheduling"] = True  # the same server, scheduling
+    out = invoke("status").output
+    assert "scheduled training is off" not in out and "(training after 8)" in out
+
+
 def test_config_error_stops_the_command(invoke, home, monkeypatch):
     monkeypatch.setenv("REINF_PORT", "eighty")
     result = invoke("status")
@@ -191,7 +290,7 @@ class _StoppableReply:
     def __iter__(self):
         return iter([] if self.stopped else ["a reply nobody asked for"])
 
-    def stop(self):
+    def stop(self, shown=None):
         self.stopped = True
 
     def result(self):
@@ -202,8 +301,13 @@ class _SlowToStart:
     """A backend whose reply takes a moment to start (a long prompt being built, a busy
     server): the person presses Ctrl-C meanwhile, before the first token."""
 
+    forgotten: list[int]
+
     def describe(self):
         return "fake"
+
+    def forget(self, turn_id):
+        self.forgotten.append(turn_id)
 
     def send_stream(self, message, conversation_id):
         import os
@@ -223,6 +327,7 @@ def test_ctrl_c_before_the_first_token_stops_only_the_reply():
     from reinf.repl import Repl
 
     backend, out = _SlowToStart(), io.StringIO()
+    backend.forgotten = []
     lines = iter(["hello", "/quit"])
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
@@ -232,7 +337,9 @@ def test_ctrl_c_before_the_first_token_stops_only_the_reply():
     finally:
         signal.signal(signal.SIGINT, previous)
     assert code == 0 and backend.reply.stopped
-    assert "[stopped before the first token; kept as turn 1, marked interrupted]" in out.getvalue()
+    # nothing was shown, so nothing is kept: the turn the server stored is forgotten
+    assert "[stopped before any text appeared; nothing kept]" in out.getvalue()
+    assert backend.forgotten == [1]
     assert "a reply nobody asked for" not in out.getvalue()
     assert signal.getsignal(signal.SIGINT) is previous  # the handler is given back
 

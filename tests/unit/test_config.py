@@ -39,7 +39,8 @@ def test_precedence_defaults_file_env_flags(tmp_path, home):
 
 def test_a_bad_combination_names_where_the_value_came_from(tmp_path, home):
     f = write(tmp_path / "c.yaml", "ppo:\n  batch_size: 4\n")
-    with pytest.raises(ConfigError, match=r"dual_clip = 0.5 \(environment variable\)"):
+    with pytest.raises(ConfigError,
+                       match=r"dual_clip = 0.5 \(environment variable REINF_DUAL_CLIP\)"):
         load_config(f, environ={"REINF_HOME": str(home), "REINF_DUAL_CLIP": "0.5"})
     write(f, "ppo:\n  dual_clip: 0.5\n")
     with pytest.raises(ConfigError, match=r"dual_clip = 0.5 \(.*c.yaml\)"):
@@ -53,10 +54,11 @@ def test_prefixed_env_wins_over_bare_name(home):
 
 @pytest.mark.parametrize("name,raw,expected", [
     ("REINF_LORA_R", "4", ("lora", "r", 4)),
-    ("LORA_TARGET_MODULES", "q_proj, k_proj", ("lora", "target_modules", ["q_proj", "k_proj"])),
-    ("ADAPTIVE_KL", "off", ("ppo", "adaptive_kl", False)),
-    ("TAG_ADJUSTMENTS", '{"wrong": -1}', ("rewards", "tag_adjustments", {"wrong": -1.0})),
-    ("AUTH_TOKEN", "null", ("server", "auth_token", None)),
+    ("REINF_LORA_TARGET_MODULES", "q_proj, k_proj",
+     ("lora", "target_modules", ["q_proj", "k_proj"])),
+    ("REINF_ADAPTIVE_KL", "off", ("ppo", "adaptive_kl", False)),
+    ("REINF_TAG_ADJUSTMENTS", '{"wrong": -1}', ("rewards", "tag_adjustments", {"wrong": -1.0})),
+    ("REINF_AUTH_TOKEN", "null", ("server", "auth_token", None)),
     ("REINF_QUANTIZATION", "4bit", ("model", "quantization", "4bit")),
 ])
 def test_env_values_are_parsed_to_the_setting_type(home, name, raw, expected):
@@ -116,11 +118,11 @@ def test_bad_file_values_name_the_key_the_file_and_the_fix(tmp_path, home, text,
 
 @pytest.mark.parametrize("token", ["   ", "\t", "tok-123", "0123456789abcde"])
 def test_serving_off_loopback_needs_a_real_token(home, token):
-    env = {"REINF_HOME": str(home), "AUTH_TOKEN": token}
+    env = {"REINF_HOME": str(home), "REINF_AUTH_TOKEN": token}
     with pytest.raises(ConfigError) as info:
         load_config(environ=env, overrides={"host": "0.0.0.0"})  # reinf serve --host 0.0.0.0
     assert info.value.key == "auth_token" and "openssl rand -hex 16" in info.value.fix
-    good = load_config(environ={**env, "AUTH_TOKEN": "0123456789abcdef"},
+    good = load_config(environ={**env, "REINF_AUTH_TOKEN": "0123456789abcdef"},
                        overrides={"host": "0.0.0.0"})
     assert good.server.auth_token == "0123456789abcdef"
     if token.strip():  # on loopback a short token is the person's choice
@@ -230,13 +232,99 @@ def test_target_modules_through_replace(config):
 def test_max_history_defaults_to_auto_and_keeps_zero(tmp_path, home):
     env = {"REINF_HOME": str(home)}
     assert load_config(environ=env).model.max_history is None
-    assert load_config(environ={**env, "MAX_HISTORY": "0"}).model.max_history == 0
-    assert load_config(environ={**env, "MAX_HISTORY": "12"}).model.max_history == 12
-    assert load_config(environ={**env, "MAX_HISTORY": "null"}).model.max_history is None
+    assert load_config(environ={**env, "REINF_MAX_HISTORY": "0"}).model.max_history == 0
+    assert load_config(environ={**env, "REINF_MAX_HISTORY": "12"}).model.max_history == 12
+    assert load_config(environ={**env, "REINF_MAX_HISTORY": "null"}).model.max_history is None
     f = write(tmp_path / "c.yaml", "model:\n  max_history: null\n")
     assert load_config(f, environ=env).model.max_history is None
     f = write(tmp_path / "c.yaml", "model:\n  max_history: 3\n")
     assert load_config(f, environ=env).model.max_history == 3
     with pytest.raises(ConfigError) as info:
-        load_config(environ={**env, "MAX_HISTORY": "-1"})
+        load_config(environ={**env, "REINF_MAX_HISTORY": "-1"})
     assert info.value.key == "max_history"
+
+
+# --- the environment: REINF_ names only (but the schedule keys), each error names its variable ---
+
+def test_bare_names_other_programs_set_are_not_settings(home):
+    """Shells, containers and CI set HOST, PORT, DEVICE, DB_URL for other programs: they must
+    neither change Reinf's settings nor stop it (HOST=buildbox once said auth_token is not set)."""
+    env = {"REINF_HOME": str(home), "HOST": "buildbox", "PORT": "eighty", "DEVICE": "gpu0",
+           "DB_URL": "postgresql://app@db/app", "DATA_DIR": "/srv/other", "MODEL_PATH": "x/y/z",
+           "AUTH_TOKEN": "", "TEMPERATURE": "hot"}
+    cfg = load_config(environ=env)
+    assert (cfg.server.host, cfg.server.port, cfg.model.device) == ("127.0.0.1", 8765, "auto")
+    assert cfg.db_url == f"sqlite:///{home / 'reinf.db'}" and cfg.data_dir == home
+    assert cfg.model.model_path == "reinf-demo" and cfg.server.auth_token is None
+    assert cfg.origins == {"data_dir": "environment"}  # from REINF_HOME, nothing else
+    # the two schedule keys the README shows bare still work bare
+    cfg = load_config(environ={**env, "TRAIN_INTERVAL_MINUTES": "5", "TRAIN_AFTER_RATINGS": "3"})
+    assert (cfg.schedule.train_interval_minutes, cfg.schedule.train_after_ratings) == (5.0, 3)
+    assert cfg.env_names["train_after_ratings"] == "TRAIN_AFTER_RATINGS"
+
+
+@pytest.mark.parametrize("name,raw", [("REINF_PORT", "eighty"), ("TRAIN_AFTER_RATINGS", "many"),
+                                      ("REINF_TRAIN_AFTER_RATINGS", "-3"),
+                                      ("REINF_LORA_TARGET_MODULES", "[]"),
+                                      ("REINF_TAG_ADJUSTMENTS", "{wrong: bad}")])
+def test_an_error_from_the_environment_names_the_variable(home, name, raw):
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={"REINF_HOME": str(home), name: raw})
+    assert f"(environment variable {name})" in str(info.value)
+
+
+def test_the_short_token_error_names_the_variable_it_came_from(tmp_path, home):
+    """With a config file in play and --host given as a flag, the token's source is still
+    the environment (it used to name the file)."""
+    f = write(tmp_path / "c.yaml", "ppo:\n  batch_size: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f, environ={"REINF_HOME": str(home), "REINF_AUTH_TOKEN": "short-token"},
+                    overrides={"host": "0.0.0.0"})
+    assert "(environment variable REINF_AUTH_TOKEN)" in str(info.value)
+    assert str(f) not in str(info.value)
+    write(f, "server:\n  auth_token: short-token\n")
+    with pytest.raises(ConfigError, match=r"at least 16 \(.*c\.yaml\)"):
+        load_config(f, environ={"REINF_HOME": str(home)}, overrides={"host": "0.0.0.0"})
+
+
+def test_each_value_knows_where_it_came_from(tmp_path, home):
+    f = write(tmp_path / "c.yaml", "ppo:\n  learning_rate: 0.01\nport: 9000\n")
+    cfg = load_config(f, environ={"REINF_HOME": str(home), "REINF_TEMPERATURE": "0.5"},
+                      overrides={"max_new_tokens": 64})
+    kinds = {name: cfg.origin_kind(name) for name in
+             ("learning_rate", "port", "temperature", "max_new_tokens", "top_p", "data_dir")}
+    assert kinds == {"learning_rate": "file", "port": "file", "temperature": "environment",
+                     "max_new_tokens": "flag", "top_p": "default", "data_dir": "environment"}
+    assert cfg.env_names["temperature"] == "REINF_TEMPERATURE"
+    assert cfg.origin("temperature") == "environment variable REINF_TEMPERATURE"
+    assert cfg.replace(top_p=0.5).origin_kind("temperature") == "environment"  # carried over
+    shown = render_yaml(cfg, origins=True)
+    assert "  learning_rate: 0.01  # [file] " in shown
+    assert "  temperature: 0.5  # [environment REINF_TEMPERATURE] " in shown
+    assert "  max_new_tokens: 64  # [flag] " in shown and "  top_p: 0.95  # [default] " in shown
+    assert "[default]" not in render_yaml(cfg)  # the reference file has no marks
+
+
+def test_a_tag_table_replaces_the_default_one_whole(tmp_path, home):
+    """Documented (README, config.yaml): a table set anywhere is the whole table."""
+    env = {"REINF_HOME": str(home)}
+    cfg = load_config(environ={**env, "REINF_TAG_ADJUSTMENTS": "{wrong: -0.5}"})
+    assert cfg.rewards.tag_adjustments == {"wrong": -0.5}
+    f = write(tmp_path / "c.yaml", "rewards:\n  tag_adjustments: {rude: -1}\n")
+    assert load_config(f, environ=env).rewards.tag_adjustments == {"rude": -1.0}
+    assert "replaces" in next(s.help for s in settings() if s.key == "tag_adjustments")
+
+
+@pytest.mark.parametrize("text,line", [
+    ("ppo:\n  learning_rate: 0.001\n  batch_size: [4\n", 4),
+    ("server:\n  port: 8765\n   host: x\n", 3),
+    ("model:\n\tdevice: cpu\n", 2),
+    ("generation:\n  system_prompt: 'unclosed\n", 3),
+])
+def test_invalid_yaml_is_one_line_with_the_line_number(tmp_path, home, text, line):
+    f = write(tmp_path / "c.yaml", text)
+    with pytest.raises(ConfigError) as info:
+        load_config(f, environ={"REINF_HOME": str(home)})
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert f"{f}, line {line}, column " in message and "not valid YAML" in message

@@ -281,6 +281,7 @@ def test_preview_cli_exits_nonzero_with_the_error(invoke, hook, home, store):
 
 def test_status_shows_the_broken_hook(invoke, hook, home):
     write(home / "config.yaml", "rewards:\n  reward_mapper: reward_mapper.py:reward_mapper\n")
+    assert invoke("init", "--skip-model").exit_code == 0  # status reads a database, never makes one
     write(hook, "def reward_mapper(score, metadata):\n    return 'x'\n")
     data = json.loads(invoke("status", "--json").stdout)
     assert data["reward_hook"]["ok"] is False
@@ -343,3 +344,89 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return "State:\tZ" not in state  # a zombie has died; only reaping is left
+
+
+# --- what a hook may do to the machine ------------------------------------------------------
+
+def run_simple(hook, source, **options):
+    spec = hooks.parse_spec(f"{hook}:reward_mapper", hook.parent)
+    return hooks.run_hook(spec, textwrap.dedent(source), [(4, {})], ["turn 1"], critics=[],
+                          call_timeout=options.pop("call_timeout", 5.0), **options)
+
+
+def test_a_huge_hook_error_is_capped_everywhere(invoke, hook, home):
+    """A 5 MB exception message went whole into /api/status, /api/history and a
+    5,000,176-character line of `reinf status`."""
+    write(hook, "def reward_mapper(score, metadata):\n    raise ValueError('x' * 5_000_000)\n")
+    with pytest.raises(HookError) as info:
+        run_simple(hook, hook.read_text())
+    message = str(info.value)
+    assert len(message) < hooks.MAX_ERROR_CHARS + 500
+    assert "ValueError: xxx" in message and "characters in all, cut" in message
+    assert f"{hook}:2" in message  # the place is still named
+    write(home / "config.yaml", "rewards:\n  reward_mapper: reward_mapper.py:reward_mapper\n")
+    assert invoke("init", "--skip-model").exit_code == 0
+    out = invoke("status").output
+    assert max(len(line) for line in out.splitlines()) < hooks.MAX_ERROR_CHARS + 500
+    data = json.loads(invoke("status", "--json").output)
+    assert len(data["reward_hook"]["error"]) < hooks.MAX_ERROR_CHARS + 500
+
+
+def gone(pid: int) -> bool:
+    """Dead, or a zombie waiting for a parent (init in a container) to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("ending", ["return 0.5", "raise ValueError('no')",
+                                    "import time; time.sleep(60)"])
+def test_processes_a_hook_starts_die_with_it(hook, tmp_path, ending):
+    """72 `sleep` processes outlived one round: the hook's process group is killed."""
+    pids = tmp_path / "pids"
+    source = f"""\
+        import subprocess
+        def reward_mapper(score, metadata):
+            children = [subprocess.Popen(["sleep", "300"]) for _ in range(3)]
+            open({str(pids)!r}, "w").write(" ".join(str(c.pid) for c in children))
+            {ending}
+        """
+    write(hook, source)
+    try:
+        run_simple(hook, hook.read_text(), call_timeout=1.0)
+    except HookError:
+        pass
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 3
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(pid) for pid in started), started
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+def test_a_hook_runs_under_memory_file_and_cpu_limits(hook, tmp_path):
+    limits = tmp_path / "limits.json"
+    write(hook, f"""\
+        import json, resource
+        def reward_mapper(score, metadata):
+            names = ("RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_CPU")
+            json.dump({{n: resource.getrlimit(getattr(resource, n)) for n in names}},
+                      open({str(limits)!r}, "w"))
+            return 0.0
+        """)
+    assert run_simple(hook, hook.read_text(), memory_mb=512).rewards == [0.0]
+    got = json.loads(limits.read_text())
+    assert got["RLIMIT_AS"] == [512 * 1024 * 1024] * 2  # soft and hard: no way back up
+    assert got["RLIMIT_FSIZE"] == [hooks.FILE_BYTES] * 2
+    assert 0 < got["RLIMIT_CPU"][0] <= 10 + 5 + hooks.SLACK_SECONDS + 1
+    write(hook, "def reward_mapper(score, metadata):\n    return len(bytearray(8 << 30))\n")
+    with pytest.raises(HookError, match="MemoryError"):
+        run_simple(hook, hook.read_text())
+    write(hook, "def reward_mapper(score, metadata):\n"
+                "    open('big', 'wb').write(bytes(100 << 20))\n    return 0.0\n")
+    with pytest.raises(HookError, match="exited|File too large|OSError"):
+        run_simple(hook, hook.read_text())

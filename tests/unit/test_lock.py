@@ -80,6 +80,29 @@ def test_a_clean_release_lets_the_next_server_start(config, home):
     assert not lock.held and locate_server(config)["running"] is False
 
 
+def test_deleting_the_pid_file_does_not_let_a_second_server_run(config, home):
+    """`rm reinf.pid` after a crash is a common habit: it let a second `reinf serve` run on
+    the same data directory, both scheduling rounds."""
+    proc = start_holder(home)
+    try:
+        lock_path(config).unlink()
+        with pytest.raises(Conflict) as err:
+            acquire_lock(config)
+        assert "its reinf.pid was deleted" in str(err.value)
+        assert str(config.data_dir) in str(err.value)
+        assert not lock_path(config).exists()  # the refused one left nothing behind
+        assert locate_server(config)["running"] is True  # status still sees the server
+        proc.kill()
+        proc.wait()
+        with acquire_lock(config) as lock:  # the directory's lock died with it
+            assert lock.held and locate_server(config)["pid"] == os.getpid()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
 def test_a_stale_file_of_a_dead_process_is_taken_over(config):
     path = lock_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)

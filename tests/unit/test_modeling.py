@@ -391,7 +391,7 @@ def test_system_prompt_is_a_setting_documented_in_the_readme():
 
     [info] = [s for s in settings() if s.public == "system_prompt"]
     assert info.section == "generation" and info.default is None and info.help
-    cfg = load_config(environ={"REINF_HOME": "/nonexistent", "SYSTEM_PROMPT": "Be brief."})
+    cfg = load_config(environ={"REINF_HOME": "/nonexistent", "REINF_SYSTEM_PROMPT": "Be brief."})
     assert cfg.generation.system_prompt == "Be brief."
     readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
     assert "`system_prompt`" in readme and "`--system TEXT`" in readme

@@ -77,6 +77,29 @@ def test_api_without_the_token_is_401(locked, path):
     assert ok.status_code == 200
 
 
+def test_a_client_without_the_right_token_is_told_so(config, store, fake_chat, daemon, invoke,
+                                                    monkeypatch):
+    """`reinf chat --url` against a server that answered 401 said "no Reinf daemon answers"."""
+    from reinf.remote import TokenRefused, find_server
+    from webui import create_app
+    from webui.server import BackgroundServer
+
+    token = "s3cret-token-0123"
+    app = create_app(config.replace(auth_token=token), store=store, chat=fake_chat,
+                     daemon=daemon)
+    with BackgroundServer(app, threads=2) as server:
+        with pytest.raises(TokenRefused, match="needs an auth token, and none is set") as info:
+            find_server(config, server.url)
+        assert "REINF_AUTH_TOKEN" in info.value.fix
+        with pytest.raises(TokenRefused, match="refused the auth token"):
+            find_server(config.replace(auth_token="wrong-token-45678"), server.url)
+        assert find_server(config.replace(auth_token=token), server.url) == server.url
+        result = invoke("chat", "--url", server.url, "--once", "hi")
+        assert result.exit_code == 1 and "no Reinf daemon answers" not in result.output
+        assert f"reinf serve at {server.url} needs an auth token" in result.output
+    assert store.counts()["turns"] == 0
+
+
 def test_writes_without_the_token_are_401_and_store_nothing(locked, store):
     r = locked.post("/api/chat", json={"message": "hi"})
     assert r.status_code == 401 and store.counts()["turns"] == 0

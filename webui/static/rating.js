@@ -17,6 +17,7 @@ class RatingPanel {
     this.busy = false;
     this.saving = false;          // a PUT is in flight
     this.again = false;           // something changed meanwhile: save once more
+    this.deleted = false;         // the turn is gone (404): nothing can be saved
     this.node = this.build();
     if (rating) this.adopt(rating);
     this.render();
@@ -124,6 +125,7 @@ class RatingPanel {
   /** Store the panel's state. Saves never overlap: a change made while one is in flight
    * is sent right after it, so the last change always wins on the server too. */
   async save() {
+    if (this.deleted) return;
     if (this.score === null) { this.render(); return; }
     if (this.saving) { this.again = true; return; }
     this.saving = true;
@@ -151,8 +153,21 @@ class RatingPanel {
     } catch (err) {
       this.busy = false;
       if (this.saved) this.adopt(this.saved);
+      else this.score = null;  // nothing was stored: no score may look chosen
+      if (err.status === 404) { this.gone(); return; }
       this.render(`Not saved: ${Reinf.describeError(err)}`);
     }
+  }
+
+  /** The turn was deleted (forgotten, here or elsewhere): nothing here can be saved any
+   * more. The server's fix names a command (`reinf history`), which is no help in a page. */
+  gone() {
+    this.deleted = true;
+    this.saved = null;
+    this.score = null;
+    this.busy = true;  // keeps the score buttons disabled
+    this.render("Not saved: this reply was deleted (forgotten)");
+    this.undoButton.hidden = true;
   }
 
   async undo() {
@@ -166,6 +181,7 @@ class RatingPanel {
       this.render("Rating removed");
     } catch (err) {
       this.busy = false;
+      if (err.status === 404) { this.gone(); return; }
       this.render(`Not removed: ${Reinf.describeError(err)}`);
     }
   }

@@ -15,8 +15,9 @@
       (s.train_after_ratings ? ` / ${s.train_after_ratings}` : ""));
     const schedule = s.schedule || {};
     text($("next-run"), s.next_run ? `next run: ${formatTime(s.next_run)}` :
-      (schedule.running ? "next run: when enough ratings arrive" :
-        "no scheduler running: use Train now"));
+      !schedule.running ? "no scheduler running: use Train now" :
+      schedule.scheduling === false ? "scheduled training is off (--no-train): use Train now" :
+      "next run: when enough ratings arrive");
     const training = s.training || {};
     text($("training-state"), training.running ? "running…" : "idle");
     $("train-now").disabled = !!training.running;
