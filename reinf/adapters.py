@@ -62,6 +62,11 @@ class Adapters:
             self._apply()
             raise
         self.names[checkpoint_id] = name
+        if not self.model.training:
+            # New LoRA layers start in train mode, and their dropout (lora.dropout, 0.05 by
+            # default) would then act on every served token: replies noisier than the
+            # adapter, and behaviour log-probs no re-forward reproduces.
+            self.peft.eval()
         if created:  # PeftModel() makes its first adapter active; add_adapter does not
             self._apply()
 

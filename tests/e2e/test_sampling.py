@@ -104,3 +104,33 @@ def test_kl_per_token_is_the_exact_kl_and_zero_against_itself():
         q = torch.log_softmax(other(input_ids=ids).logits[0, :-1].float() / temperature, -1)
         expected = (p.exp() * (p - q)).sum(-1)[len(prompt) - 1:]
     assert torch.allclose(kl[1], expected, atol=1e-5) and bool((kl[1] > 0).all())
+
+
+def test_a_served_adapter_has_no_dropout(tmp_path):
+    """The engine's adapters (reinf.adapters) come from checkpoints saved with
+    lora.dropout 0.05; new LoRA layers start in train mode. Served, they must not drop
+    anything: two forwards agree, and agree with plain PEFT in eval mode."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from reinf.adapters import Adapters, read_adapter
+
+    trained = get_peft_model(tiny("llama"), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5,
+                                                       target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # B starts at 0: give the adapter something to do
+    trained.save_pretrained(tmp_path / "ckpt")
+    served = tiny("llama")  # eval(), as load_model leaves it
+    adapters = Adapters(served)
+    adapters.add("r0001", *read_adapter(tmp_path / "ckpt", "r0001"))
+    adapters.activate("r0001")
+    plain = PeftModel.from_pretrained(tiny("llama"), tmp_path / "ckpt").eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    with torch.no_grad():
+        first, second = adapters.peft(input_ids=ids).logits, adapters.peft(input_ids=ids).logits
+        expected = plain(input_ids=ids).logits
+        bare = tiny("llama")(input_ids=ids).logits
+    assert torch.equal(first, second)
+    assert torch.allclose(first, expected, atol=1e-6)
+    assert not torch.allclose(first, bare, atol=1e-3)  # the adapter acts
