@@ -83,6 +83,9 @@ SMOLLM2_135M = KnownModel(
                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                 92_871_040))
 KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, DEMO)}
+# What `reinf init` sets up in a new data directory (README's start command): the real
+# assistant. Measured on 2 CPU cores in docs/benchmarks.md ("Real model").
+INIT_MODEL = SMOLLM2_135M.name
 
 
 def models_dir(data_dir: Path) -> Path:

