@@ -345,10 +345,12 @@ class Engine:
         when that reply ends). A broken checkpoint raises ModelError and changes nothing.
         """
         swap = _Swap(checkpoint_id, str(path) if path is not None else None)
-        if checkpoint_id not in self._adapters:
-            if path is None:
-                raise BadInput(f"checkpoint {checkpoint_id} is not loaded; give its directory")
+        if checkpoint_id is not None and path is not None:
+            # Read whenever a directory is given, loaded or not: whether it is still loaded
+            # is decided under the lock (_apply_pending), where eviction also happens.
             swap.peft_config, swap.state_dict = read_adapter(Path(path), checkpoint_id)
+        elif checkpoint_id not in self._adapters:
+            raise BadInput(f"checkpoint {checkpoint_id} is not loaded; give its directory")
         with self._swaps_lock:
             self._pending.append(swap)
         if wait:
@@ -384,9 +386,12 @@ class Engine:
             started = time.perf_counter()
             try:
                 if swap.checkpoint_id not in self._adapters:
+                    if swap.state_dict is None:  # evicted since it was requested, unread
+                        raise BadInput(f"checkpoint {swap.checkpoint_id} is no longer loaded",
+                                       fix="swap to it again with its directory")
                     self._adapters.add(swap.checkpoint_id, swap.peft_config, swap.state_dict)
-                    swap.state_dict = None  # the weights live in the model now
                 self._adapters.activate(swap.checkpoint_id)
+                swap.state_dict = None  # in the model now, or not needed
                 self.last_swap_error = None
             except Exception as exc:  # noqa: BLE001 - a bad adapter must not stop the chat
                 log.exception("adapter swap to %s failed", swap.checkpoint_id)

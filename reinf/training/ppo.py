@@ -25,8 +25,8 @@ Advantages (``Hyper.advantage``), both whitened over real tokens with the sample
 - ``"rloo"``: REINFORCE leave-one-out (Ahmadian et al. 2024, "Back to Basics"). An
   episode's return is its reward minus ``kl_coef * sum_t (logp_old - logp_ref)``; every
   token of episode i gets ``return_i`` minus the mean return of the *other* episodes of its
-  group (``Rollout.groups``: k replies to one prompt), or minus the batch mean when it is
-  alone in its group. No value head: the value loss is 0, the head is untouched and
+  group (``Rollout.groups``: k replies to one prompt), or minus the mean of every other
+  episode of the batch when it is alone in its group. No value head: the value loss is 0, the head is untouched and
   ``explained_variance`` is nan.
 
 The loss adds, with weight ``kl_loss_coef``, the k3 estimate of KL(new || ref) on each
@@ -250,7 +250,8 @@ def compute_rloo(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, 
     An episode's return is its reward minus ``kl_coef * sum_t (logp_t - logp_ref_t)`` over
     its reply tokens (the undiscounted sum of ``build_token_rewards``). Its baseline is the
     plain mean return of the other episodes of its group; an episode alone in its group
-    (every one when ``groups`` is None) gets the batch mean instead. Every real reply token
+    (every one when ``groups`` is None) gets the mean of every other episode in the batch
+    instead (0 for a batch of one). Every real reply token
     carries its episode's advantage; padding is 0.
     """
     returns = rewards - kl_coef * ((logp - logp_ref) * mask).sum(1)       # (B,)
@@ -261,7 +262,11 @@ def compute_rloo(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, 
     size = returns.new_zeros(n_groups).index_add_(0, member, torch.ones_like(returns))[member]
     total = returns.new_zeros(n_groups).index_add_(0, member, returns)[member]
     others = (total - returns) / (size - 1).clamp_min(1)                # mean of the rest
-    baseline = torch.where(size > 1, others, returns.mean())
+    # Alone in its group: the mean of every other episode in the batch (leave-one-out
+    # there too: a baseline that contains the episode itself shrinks its advantage).
+    n = len(returns)
+    rest = (returns.sum() - returns) / max(n - 1, 1) if n > 1 else torch.zeros_like(returns)
+    baseline = torch.where(size > 1, others, rest)
     return (returns - baseline)[:, None] * mask, returns
 
 

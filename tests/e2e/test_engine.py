@@ -337,3 +337,19 @@ def test_measure_generation_reports_every_figure(models, config):
         result["engine"]["tokens_per_s"] / result["generate"]["tokens_per_s"], rel=0.01)
     assert result["swap"]["swaps"] == 2 and result["swap"]["pause_ms_new_adapter"] > 0
     assert "tokens/s" in format_result(result)
+
+
+def test_a_swap_to_an_adapter_evicted_while_it_waited_still_lands(engine, models):
+    """ckpt-a is loaded (the previous adapter) when its swap is asked for, but swaps queued
+    before it evict it before the lock frees: it is put back from its directory, not
+    refused as "cannot load checkpoint"."""
+    engine.request_swap("ckpt-a", models["a"])
+    engine.request_swap("ckpt-b", models["b"])       # active b, previous a
+    with engine._lock:                                # a reply is running
+        engine.request_swap("ckpt-c", models["c"], wait=False)   # c, previous b: a evicted
+        assert "ckpt-a" in engine._adapters            # ... but not yet
+        engine.request_swap("ckpt-a", models["a"], wait=False)
+    engine.request_swap("ckpt-a", models["a"])       # the lock is free: all applied
+    assert engine.last_swap_error is None
+    assert engine._adapters.active == "ckpt-a"
+    assert engine.generate([], "Hello", max_new_tokens=4).checkpoint_id == "ckpt-a"

@@ -109,13 +109,15 @@ def test_rloo_baseline_is_the_mean_of_the_other_replies_to_the_prompt():
     close(adv, [[-3.0, -3.0], [-1.35, -1.35], [4.35, 0.0], [-3.0, -3.0], [3.0, 3.0]])
 
 
-def test_rloo_episode_alone_in_its_group_gets_the_batch_mean():
+def test_rloo_episode_alone_in_its_group_gets_the_mean_of_the_others():
     rewards, ones = torch.tensor([1.0, 3.0, 10.0]), torch.ones(3, 1)
     adv, _ = compute_rloo(rewards, ones, ones, ones, kl_coef=0.5, groups=torch.tensor([4, 4, 9]))
-    # 1 - 3 = -2;  3 - 1 = 2;  alone: 10 - (1 + 3 + 10)/3 = 16/3
-    close(adv, [[-2.0], [2.0], [16 / 3]])
+    # 1 - 3 = -2;  3 - 1 = 2;  alone: 10 - (1 + 3)/2 = 8 (not 10 - 14/3: itself left out)
+    close(adv, [[-2.0], [2.0], [8.0]])
     adv, _ = compute_rloo(rewards, ones, ones, ones, kl_coef=0.5)  # no groups: all alone
-    close(adv, [[-11 / 3], [-5 / 3], [16 / 3]])
+    close(adv, [[1 - 6.5], [3 - 5.5], [10 - 2.0]])
+    adv, _ = compute_rloo(rewards[:1], ones[:1], ones[:1], ones[:1], kl_coef=0.5)
+    close(adv, [[1.0]])  # a batch of one has no one to compare with
 
 
 def test_hyper_from_config_keeps_defaults_for_fields_the_config_lacks():
