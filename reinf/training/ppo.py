@@ -26,8 +26,8 @@ Advantages (``Hyper.advantage``), both whitened over real tokens with the sample
   episode's return is its reward minus ``kl_coef * sum_t (logp_old - logp_ref)``; every
   token of episode i gets ``return_i`` minus the mean return of the *other* episodes of its
   group (``Rollout.groups``: k replies to one prompt), or minus the mean of every other
-  episode of the batch when it is alone in its group. No value head: the value loss is 0, the head is untouched and
-  ``explained_variance`` is nan.
+  episode of the batch when it is alone in its group. No value head: the value loss is 0,
+  the head is untouched and ``explained_variance`` is nan.
 
 The loss adds, with weight ``kl_loss_coef``, the k3 estimate of KL(new || ref) on each
 sampled token (as GRPO does): the penalty in the return only tells a whole reply that it
