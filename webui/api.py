@@ -1,4 +1,4 @@
-"""The JSON API of chat and ratings (DESIGN §6): chat, rate, history, conversations,
+"""The JSON API of chat and ratings (docs/design.md §6): chat, rate, history, conversations,
 forget. Thin: parse, call the store or the chat service, return JSON."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Safety of a local service (DESIGN §9): Host allow-list, auth token, CSRF, size limits,
+"""Safety of a local service (docs/design.md §9): Host allow-list, auth token, CSRF, size limits,
 security headers.
 
 Checks run before every request, in this order:

@@ -1,4 +1,4 @@
-"""The JSON API of training (DESIGN §6): status, train now, runs, checkpoints, rollback,
+"""The JSON API of training (docs/design.md §6): status, train now, runs, checkpoints, rollback,
 and the figures the training page charts. Train now and rollback are the daemon's
 (reinf.daemon.Daemon); these routes only check the request and report its answer."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Build the built-in demo model, ``models/reinf-demo`` (DESIGN.md §8).
+"""Build the built-in demo model, ``models/reinf-demo`` (docs/design.md §8).
 
 The demo model is a ~1M parameter Qwen2 causal LM with its own byte-level BPE tokenizer and a
 ChatML chat template, trained from scratch on the synthetic corpus of ``reinf.demo.corpus``. It

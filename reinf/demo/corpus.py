@@ -1,4 +1,4 @@
-"""Synthetic conversation corpus for the built-in demo model (DESIGN.md §8).
+"""Synthetic conversation corpus for the built-in demo model (docs/design.md §8).
 
 Every question is answered in one of eight styles: length (terse | chatty) x format
 (plain | bulleted) x closing question (yes | no). The styles are balanced exactly, so the

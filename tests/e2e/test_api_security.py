@@ -1,4 +1,4 @@
-"""DESIGN §9 over real HTTP: loopback bind, Host allow-list, auth token, CSRF, headers."""
+"""docs/design.md §9 over real HTTP: loopback bind, Host allow-list, auth token, CSRF, headers."""
 from __future__ import annotations
 
 import socket

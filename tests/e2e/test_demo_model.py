@@ -1,5 +1,5 @@
 """The built-in demo model: a mini build is deterministic and loadable; the committed model
-loads and its sampled replies cover every style value (DESIGN.md §8)."""
+loads and its sampled replies cover every style value (docs/design.md §8)."""
 
 from __future__ import annotations
 

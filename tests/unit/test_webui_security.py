@@ -1,4 +1,4 @@
-"""DESIGN §9 through the test client: Host allow-list, auth token, CSRF, size limits,
+"""docs/design.md §9 through the test client: Host allow-list, auth token, CSRF, size limits,
 headers. The same checks are exercised over real HTTP in tests/e2e/test_api_security.py."""
 from __future__ import annotations
 
