@@ -245,8 +245,8 @@ class Config:
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     # Where the file settings came from (None: defaults only). Not a setting.
     source: str | None = None
-    # Public name -> "file", "environment", "flag" or "override"; a name not here has its
-    # default. Not settings, and not part of equality.
+    # Public name -> "model" (a named model's preset), "file", "environment", "flag" or
+    # "override"; a name not here has its default. Not settings, and not part of equality.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     # Public name -> the environment variable it was read from (REINF_PORT).
     env_names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -333,7 +333,8 @@ def find_config_file(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
                 overrides: Mapping[str, Any] | None = None) -> Config:
-    """Load the effective config: defaults < file < environment < ``overrides`` (flags).
+    """Load the effective config: defaults < the named model's defaults (``model_preset``)
+    < file < environment < ``overrides`` (flags).
 
     ``path`` None means :func:`find_config_file`. ``overrides`` maps public names to
     values; None values are ignored, so click options can be passed straight through.
@@ -351,7 +352,21 @@ def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | 
     if flags:
         cfg = _build(cfg.to_dict(), flags, kind="flag", file=cfg.source, origins=cfg.origins,
                      env_names=cfg.env_names)
+    preset = {name: value for name, value in model_preset(cfg.model.model_path).items()
+              if cfg.origin_kind(name) == "default"}
+    if preset:  # the named model's own defaults, under anything the person set
+        cfg = _build(cfg.to_dict(), preset, kind="model", file=cfg.source, origins=cfg.origins,
+                     env_names=cfg.env_names)
     return cfg
+
+
+def model_preset(model_path: str) -> dict[str, Any]:
+    """Defaults a named model brings (``reinf.models.KnownModel.settings``): they replace the
+    built-in defaults, and config.yaml, the environment and flags replace them."""
+    from reinf.models import KNOWN_MODELS
+
+    known = KNOWN_MODELS.get(model_path)
+    return dict(known.settings) if known is not None else {}
 
 
 def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> set[str]:
@@ -438,6 +453,8 @@ def _describe_origin(name: str, origins: Mapping[str, str], env_names: Mapping[s
         return "command-line flag"
     if kind == "override":
         return "override"
+    if kind == "model":
+        return "the model's defaults (`reinf models`)"
     return file or "the defaults"
 
 
@@ -638,7 +655,8 @@ def _suggest(word: str, options: set[str], otherwise: str) -> str:
 def render_yaml(cfg: Config | None = None, *, origins: bool = False) -> str:
     """The config as commented YAML: every key, a one-line comment, its value. With
     ``origins``, each comment starts with where the value came from: ``[default]``,
-    ``[file]``, ``[environment REINF_PORT]``, ``[flag]`` (``reinf config show``)."""
+    ``[model]`` (the named model's preset), ``[file]``, ``[environment REINF_PORT]``,
+    ``[flag]`` (``reinf config show``)."""
     cfg = cfg or Config(storage=StorageConfig())
     lines = ["# Reinf configuration. Every key, its default and one line of help.",
              "# Precedence: defaults < this file < environment (REINF_KEY) < flags.",

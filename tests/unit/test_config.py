@@ -328,3 +328,27 @@ def test_invalid_yaml_is_one_line_with_the_line_number(tmp_path, home, text, lin
     message = str(info.value)
     assert "\n" not in message, message
     assert f"{f}, line {line}, column " in message and "not valid YAML" in message
+
+
+def test_a_named_model_brings_its_defaults_under_everything_a_person_sets(tmp_path):
+    from reinf.models import KNOWN_MODELS
+
+    preset = KNOWN_MODELS["smollm2-135m"].settings
+    assert preset["ppo_epochs"] != 4  # the test means something: it differs from the default
+    home = {"REINF_HOME": str(tmp_path)}
+    demo = load_config(environ=home)
+    assert demo.ppo.ppo_epochs == 4 and demo.origin_kind("ppo_epochs") == "default"
+    real = load_config(environ={**home, "REINF_MODEL_PATH": "smollm2-135m"})
+    assert real.ppo.ppo_epochs == preset["ppo_epochs"]
+    assert real.training.rollout_prompts == preset["training.rollout_prompts"]
+    assert real.origin_kind("ppo_epochs") == "model"
+    # config.yaml, the environment and flags each win over the model's defaults
+    (tmp_path / "config.yaml").write_text("model:\n  model_path: smollm2-135m\n"
+                                          "ppo:\n  ppo_epochs: 3\n")
+    mine = load_config(environ={**home, "REINF_TRAINING_ROLLOUT_PROMPTS": "5"},
+                       overrides={"max_new_tokens": 64})
+    assert mine.ppo.ppo_epochs == 3 and mine.origin_kind("ppo_epochs") == "file"
+    assert mine.training.rollout_prompts == 5
+    assert mine.generation.max_new_tokens == 64
+    assert mine.training.rollout_max_new_tokens == preset["training.rollout_max_new_tokens"]
+    assert "[model]" in render_yaml(mine, origins=True)
