@@ -9,10 +9,14 @@ tokenizer's chat template to the recent history and trims the oldest turns to fi
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib.util
 import inspect
 import logging
+import os
+import socket
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -105,9 +109,9 @@ def load_model(config: Config, *, device: str | None = None,
     plan = plan_load(device, mcfg.dtype, mcfg.quantization, cuda=cuda, mps=mps,
                      bf16=cuda and torch.cuda.is_bf16_supported())
     name = resolve_model_path(config)
-    check_model_path(name, config)
-    model = _load_weights(name, plan, mcfg.trust_remote_code)
-    tokenizer = _load_tokenizer(name, mcfg.trust_remote_code)
+    offline = check_model_path(name, config)
+    model = _load_weights(name, plan, mcfg.trust_remote_code, offline=offline)
+    tokenizer = _load_tokenizer(name, mcfg.trust_remote_code, offline=offline)
     warnings = list(plan.warnings)
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = FALLBACK_TEMPLATE
@@ -125,29 +129,86 @@ def load_model(config: Config, *, device: str | None = None,
                        warnings)
 
 
-def check_model_path(name: str, config: Config) -> None:
-    """A local path must hold a model; a hub id is left to ``from_pretrained``."""
-    path = Path(name)
+def check_model_path(name: str, config: Config) -> bool:
+    """Fail at once, in one line, where loading cannot work: a named model not pulled, a
+    local path with no model, a name one typo away from a known one, a hub id while the hub
+    is out of reach (transformers would retry it for about a minute). Returns whether a
+    hub id must come from the local cache only (the hub is out of reach)."""
+    from reinf.config import DEMO_MODEL
     from reinf.models import KNOWN_MODELS, is_installed, pull_fix
+
+    path = Path(name)
     named = config.model.model_path
     if named in KNOWN_MODELS and KNOWN_MODELS[named].source is not None \
             and not is_installed(path):
         raise ModelError(f"model {named} is not installed (looked in {path})",
                          fix=pull_fix(named), key="model_path")
     looks_local = path.is_absolute() or name.startswith((".", "~")) or path.exists()
-    if not looks_local:
-        return
-    if not path.exists():
-        raise ModelError(f"no model at {name}", fix=NO_MODEL_FIX, key="model_path")
-    if not (path / "config.json").is_file():
-        raise ModelError(f"no model at {name}: config.json is missing", fix=NO_MODEL_FIX,
+    if looks_local:
+        fix = NO_MODEL_FIX if named == DEMO_MODEL else _other_model_fix(path.name)
+        if not path.exists():
+            raise ModelError(f"no model at {name}", fix=fix, key="model_path")
+        if not (path / "config.json").is_file():
+            raise ModelError(f"no model at {name}: config.json is missing", fix=fix,
+                             key="model_path")
+        return False
+    close = difflib.get_close_matches(name, list(KNOWN_MODELS), n=1, cutoff=0.75)
+    if close and "/" not in name:
+        raise ModelError(f"no model named {name!r}", fix=_other_model_fix(name),
                          key="model_path")
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return True
+    if not hub_reachable():
+        # This process works offline from here: huggingface_hub reads HF_HUB_OFFLINE once,
+        # at import, into the constant that its and transformers' calls consult, so the
+        # adapter probe and every other lookup go to the local cache without retrying.
+        import huggingface_hub.constants
+
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+        return True
+    return False
 
 
-def _load_weights(name: str, plan: LoadPlan, trust_remote_code: bool):
+def _other_model_fix(name: str) -> str:
+    """What to set model_path to instead of ``name``: the closest known name, if any."""
+    from reinf.models import KNOWN_MODELS
+
+    close = difflib.get_close_matches(name, list(KNOWN_MODELS), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (f"{hint}set model_path to a name from `reinf models` ({', '.join(KNOWN_MODELS)}), "
+            "a model directory, or a hub id")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub's host (``HF_ENDPOINT``) resolves and accepts a
+    connection within ``timeout`` seconds; asked in a thread, so a hanging DNS cannot
+    hold the caller longer than that."""
+    from urllib.parse import urlsplit
+
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "", endpoint.port or (443 if endpoint.scheme == "https"
+                                                             else 80)
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            answer.append(True)
+        except OSError:
+            answer.append(False)
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return bool(answer and answer[0])
+
+
+def _load_weights(name: str, plan: LoadPlan, trust_remote_code: bool, *,
+                  offline: bool = False):
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": plan.dtype, "trust_remote_code": trust_remote_code}
+    if offline:  # a hub id with the hub out of reach: the local cache, or one clear line
+        kwargs["local_files_only"] = True
     if plan.quantization != "none":
         kwargs.update(quantization_config=_bnb_config(plan), device_map={"": 0})
     try:
@@ -161,14 +222,19 @@ def _load_weights(name: str, plan: LoadPlan, trust_remote_code: bool):
         raise ModelError(f"out of memory loading {name} on {plan.device}: "
                          f"{_first_line(exc)}", fix=OOM_FIX) from exc
     except Exception as exc:  # noqa: BLE001 - every loader failure becomes one clear message
+        if offline:
+            raise ModelError(f"cannot fetch {name!r}: the Hugging Face hub is out of reach (or "
+                             "HF_HUB_OFFLINE is set) and it is not in the local cache",
+                             fix=_other_model_fix(name), key="model_path") from exc
         raise _explain_load_error(name, exc, trust_remote_code) from exc
 
 
-def _load_tokenizer(name: str, trust_remote_code: bool):
+def _load_tokenizer(name: str, trust_remote_code: bool, *, offline: bool = False):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code,
+                                             **({"local_files_only": True} if offline else {}))
     except Exception as exc:  # noqa: BLE001
         raise ModelError(f"cannot load the tokenizer of {name}: {_first_line(exc)}",
                          fix="make sure the model directory holds its tokenizer files "

@@ -259,10 +259,10 @@ def test_a_hub_id_loads_through_the_same_path(models, config, tmp_path, monkeypa
     local = Engine.load(config.replace(model_path=str(models["tiny"]), max_new_tokens=4))
     a, b = (e.generate([], "Hello", seed=2) for e in (engine, local))
     assert (a.prompt_ids, a.reply_ids, a.logprobs) == (b.prompt_ids, b.reply_ids, b.logprobs)
-    with pytest.raises(ModelError, match="cannot load model 'tiny-org/absent' from the "
-                                         "Hugging Face hub") as err:
+    with pytest.raises(ModelError, match="cannot fetch 'tiny-org/absent': the Hugging Face "
+                                         "hub is out of reach") as err:
         load_model(config.replace(model_path="tiny-org/absent"))
-    assert "local directory" in err.value.fix
+    assert "a model directory" in err.value.fix
 
 
 def test_tiny_models_can_share_another_models_tokenizer(models, config, tmp_path):

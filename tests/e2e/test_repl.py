@@ -200,8 +200,8 @@ def test_a_missing_model_is_one_clear_line(invoke, monkeypatch, tmp_path):
     monkeypatch.setenv("REINF_MODEL_PATH", str(tmp_path / "no-model"))
     result = invoke("chat", "--once", "hi")
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert f"no model at {tmp_path / 'no-model'} — run `reinf init` or set model_path" \
-        in result.output
+    assert f"no model at {tmp_path / 'no-model'} — set model_path to a name from `reinf " \
+        "models`" in result.output
 
 
 class StartingChat(FakeChatService):

@@ -1,6 +1,8 @@
 """Model loading decisions, chat prompts and sampling helpers: no model is loaded here."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -70,7 +72,38 @@ def test_missing_model_directory(config, tmp_path):
     missing = tmp_path / "nothing-here"
     with pytest.raises(ModelError) as err:
         load_model(config.replace(model_path=str(missing)))
-    assert str(err.value) == f"no model at {missing} — run `reinf init` or set model_path"
+    # `reinf init` would not put a model there: the fix names what model_path can be
+    assert str(err.value) == (f"no model at {missing} — set model_path to a name from "
+                              "`reinf models` (smollm2-135m, reinf-demo), a model "
+                              "directory, or a hub id")
+    with pytest.raises(ModelError) as err:
+        load_model(config.replace(model_path=str(tmp_path / "smollm2")))
+    assert "did you mean smollm2-135m?" in err.value.fix
+
+
+def test_a_mistyped_model_name_fails_at_once_with_the_closest_name(config):
+    started = time.monotonic()
+    with pytest.raises(ModelError) as err:
+        load_model(config.replace(model_path="reinf-dmo"))
+    assert err.value.message == "no model named 'reinf-dmo'"
+    assert err.value.fix.startswith("did you mean reinf-demo?")
+    assert time.monotonic() - started < 5  # never asked the hub
+
+
+def test_a_hub_id_with_the_hub_out_of_reach_fails_at_once(config, monkeypatch):
+    """Online, transformers retries an unreachable hub for about a minute, printing each
+    try; here the hub's host cannot resolve (.invalid), as on a machine with no network."""
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.reinf-test.invalid")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    started = time.monotonic()
+    with pytest.raises(ModelError) as err:
+        load_model(config.replace(model_path="someone/some-model-never-cached"))
+    assert "the Hugging Face hub is out of reach" in err.value.message
+    assert "`reinf models`" in err.value.fix
+    assert time.monotonic() - started < 15
 
 
 def test_directory_without_config_json(config, tmp_path):
