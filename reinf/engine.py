@@ -20,7 +20,7 @@ import torch
 
 from reinf.config import Config
 from reinf.adapters import Adapters, read_adapter
-from reinf.errors import BadInput, Conflict, ModelError, ReinfError
+from reinf.errors import BadInput, ModelError, ReinfError
 from reinf.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
                             get_context_limit, load_model)
 from reinf.sampling import decode, eos_token_ids
@@ -364,18 +364,6 @@ class Engine:
         if swap.error is not None:
             raise swap.error
         return swap.pause_ms
-
-    def rollback(self) -> str | None:
-        """Switch back to the adapter active before the last swap; returns the new active id."""
-        with self._lock:
-            self._apply_pending()
-            if not self._adapters.can_rollback:
-                raise Conflict("there is no previous adapter to roll back to",
-                               fix="swap in a checkpoint first")
-            started = time.perf_counter()
-            self._adapters.activate(self._adapters.previous)
-            self.last_swap_pause_ms = (time.perf_counter() - started) * 1000
-            return self._adapters.active
 
     def _apply_pending(self) -> None:
         """Apply the requested swaps in order. The caller holds self._lock, so the time

@@ -28,7 +28,7 @@ import torch
 from reinf.config import Config, load_config
 from reinf.modeling import LoadedModel, load_model
 
-# Qwen2.5-0.5B's dimensions (DESIGN §8): a random model of this shape costs what it costs.
+# Qwen2.5-0.5B's dimensions (docs/design.md §8): a random model of this shape costs what it costs.
 QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
                   max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1e6)
@@ -312,9 +312,9 @@ def measure_swaps(engine, cfg: Config, swaps: int, reply, seed: int = 0) -> dict
             pause = engine.request_swap(f"speed-{i}", path)
             read_ms.append((time.perf_counter() - started) * 1000 - pause)
             load_pause.append(pause)
-            for _ in range(2):  # back to the previous adapter and forward again: both loaded
-                engine.rollback()
-                switch_pause.append(engine.last_swap_pause_ms)
+            previous = engine.previous_checkpoint_id  # None: the bare model
+            for target in (previous, f"speed-{i}"):  # back and forward again: both loaded
+                switch_pause.append(engine.request_swap(target))
         _, with_adapter = reply()
         switch_pause.append(engine.request_swap(None))
     med = statistics.median

@@ -15,10 +15,22 @@ fresh process (``python -m reinf.bench.speed``, so peak memory is that model's o
    (niced, ``train_threads``) while this process keeps generating replies; their time to
    first token and tokens/s are compared with the same replies on an idle machine. Only
    replies that ran entirely inside the round's update phase count (the phase's end is the
-   run's ``finished_at``, its start ``update_seconds`` before). The child's peak RSS =
-   **training**;
+   run's ``finished_at``, its start ``update_seconds`` before);
 3. the PPO round against bare LoRA forward+backward on the same tokens
-   (``reinf.bench.training.measure_round``).
+   (``reinf.bench.training.measure_round``);
+4. the daemon path, at the default settings (``measure_rating_to_answer``): in a fresh data
+   directory a ``Daemon`` (scheduler, ``ChildRunner``, hot-swap) serves this process's
+   engine; ``train_after_ratings`` chat replies are generated and rated one by one, as a
+   person would (a rater graded by reply length, so the ratings spread); the last rating
+   starts the round, and the time runs until a reply from the new checkpoint has come back.
+   The child is the trainer's own ``main`` with a clock on its stages
+   (``reinf.bench.roundchild``), so the round is also split into rating model, rollouts,
+   scoring, PPO update, gate and checkpoint. The peak RSS of the trainer children (this
+   round's and item 2's) = **training**;
+5. one chat reply at ``max_new_tokens`` (``reinf.bench.llamacpp.measure_chat_reply``): the
+   engine on a freshly loaded model, as a new server serves it, against llama.cpp on the same
+   GGUF with the same threads when llama-cpp-python is installed (the ``llamacpp`` extra) and
+   the model is a named one pulled from a GGUF; else that row says why it was skipped.
 """
 from __future__ import annotations
 
@@ -39,6 +51,7 @@ from typing import Any
 MODELS = ("demo", "0.5b")  # named models; anything else is a model_path
 LARGE_PARAMETERS = 100_000_000  # a model_path this big gets turns_large rated turns
 PAUSE_SECONDS = 0.1  # between replies while the round runs: a person reads; the trainer runs
+DEFAULT_RATINGS = 8  # the daemon path's ratings where train_after_ratings is 0 (off)
 
 
 def peak_rss(who: int = resource.RUSAGE_SELF) -> int:
@@ -116,16 +129,26 @@ def measure_model(config, name: str, *, turns: int, quick: bool,
         chat = measure_chat_during_round(cfg, loaded, Path(tmp) / "home", turns,
                                          new_tokens=8 if quick else 16,
                                          idle=4 if quick else 8)
-        rss_training = peak_rss(resource.RUSAGE_CHILDREN)
         say(f"PPO round on {turns} turns against bare LoRA forward+backward…")
         round_ = measure_round(cfg.replace(data_dir=str(Path(tmp) / "home")), n_samples=turns)
+        ratings = cfg.schedule.train_after_ratings or DEFAULT_RATINGS
+        say(f"the daemon path: {ratings} ratings, a round at the default settings, an answer "
+            "from the new checkpoint…")
+        daemon_round = measure_rating_to_answer(
+            cfg, loaded, Path(tmp) / "daemon", ratings,
+            max_new_tokens=32 if quick else cfg.generation.max_new_tokens)
+        rss_training = peak_rss(resource.RUSAGE_CHILDREN)  # the trainer children above
+        del loaded  # the chat reply is timed on a fresh model, as a new server has it
+        reply = measure_chat_reply_fresh(cfg, new_tokens=32 if quick else
+                                         cfg.generation.max_new_tokens,
+                                         repeats=1 if quick else 2, say=say)
     return {
         "model": name, "model_name": gen["model"], "parameters": gen["parameters"],
         "machine": machine(), "generation": {k: gen[k] for k in ("engine", "generate", "ratio",
                                                                  "new_tokens", "runs",
                                                                  "prompt_tokens")},
         "batched_sampling": gen.get("rollouts"), "swap": gen.get("swap"),
-        "chat_while_training": chat,
+        "chat_while_training": chat, "chat_reply": reply, "daemon_round": daemon_round,
         "ppo_round": {k: round_[k] for k in (
             "samples", "prompt_tokens", "reply_tokens", "batch_size", "ppo_epochs", "epochs_run",
             "seconds_round", "seconds_bare_fwd_bwd", "ratio_round_to_bare", "threads",
@@ -134,6 +157,142 @@ def measure_model(config, name: str, *, turns: int, quick: bool,
                    "peak_rss_training_bytes": rss_training,
                    "peak_rss_after_in_process_round_bytes": round_["peak_rss_bytes"]},
     }
+
+
+def measure_chat_reply_fresh(cfg, *, new_tokens: int, repeats: int, say) -> dict[str, Any]:
+    """One chat reply on a freshly loaded model (a new server's engine, no adapter), against
+    llama.cpp on the same GGUF when possible (``reinf.bench.llamacpp``)."""
+    from reinf.bench.generation import PROMPTS
+    from reinf.bench.llamacpp import measure_chat_reply
+    from reinf.config import resolve_model_path
+    from reinf.engine import Engine
+    from reinf.modeling import load_model
+
+    engine = Engine(load_model(cfg), cfg)
+    return measure_chat_reply(engine, resolve_model_path(cfg), PROMPTS, new_tokens=new_tokens,
+                              repeats=repeats, say=say)
+
+
+def graded_by_length(prompt: str, reply: str) -> int:
+    """A person who likes short answers, in five steps (so the ratings spread, and the
+    rating model has something to learn): 5 up to 15 words, 1 beyond 90."""
+    words = len(reply.split())
+    return next((score for score, most in ((5, 15), (4, 30), (3, 50), (2, 90))
+                 if words <= most), 1)
+
+
+def measure_rating_to_answer(cfg, loaded, home: Path, ratings: int, *,
+                             max_new_tokens: int, poll: float = 0.05) -> dict[str, Any]:
+    """The daemon path: from the ``ratings``-th rating (``train_after_ratings``) to a reply
+    from the new checkpoint. See item 4 of the module docstring.
+
+    The engine, the store, the ``Daemon`` (its scheduler, its ``ChildRunner``, its swap) are
+    the server's own; the child runs ``reinf.bench.roundchild`` (the trainer's ``main`` with a
+    stage clock). After the last rating this process does nothing but look, every ``poll``
+    seconds, whether the engine serves a new checkpoint, then sends the next message."""
+    from reinf.chat import ChatService
+    from reinf.config import load_config, render_yaml
+    from reinf.daemon import Daemon
+    from reinf.demo.corpus import sample_prompts
+    from reinf.engine import Engine
+    from reinf.store import Store
+    from reinf.worker import ChildRunner, build_command
+
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(render_yaml(cfg.replace(
+        data_dir=str(home), train_after_ratings=ratings)), "utf-8")
+    cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
+
+    def command(trigger: str, force: bool) -> list[str]:
+        argv = build_command(trigger, force, config_file=cfg.source)
+        assert argv[1:3] == ["-m", "reinf.training.trainer"], argv
+        return [argv[0], "-m", "reinf.bench.roundchild", *argv[3:]]
+
+    store = Store.open(cfg)
+    engine = Engine(loaded, cfg)
+    daemon = Daemon(cfg, store, engine, runner=ChildRunner(cfg, store, command=command))
+    chat = ChatService(engine, store, cfg)
+    prompts = sample_prompts(2, ratings + 1)
+    scores, lengths = [], []
+    daemon.start()
+    try:
+        before = engine.active_checkpoint_id
+        for i, prompt in enumerate(prompts[:ratings]):
+            turn = chat.send(prompt, seed=i, max_new_tokens=max_new_tokens)
+            scores.append(graded_by_length(prompt, turn.reply))
+            lengths.append(len(turn.reply_ids))
+            rated_at = time.time()
+            store.rate(turn.id, scores[-1])
+            daemon.notify_rating()   # what the web API does after storing a rating
+        deadline = rated_at + cfg.schedule.train_timeout_minutes * 60 + 60
+        swapped_at = None
+        while time.time() < deadline:
+            if engine.active_checkpoint_id != before:
+                swapped_at = time.time()
+                break
+            result = daemon.scheduler.last_result
+            if result is not None and result.get("status") != "succeeded":
+                break   # rejected, failed or skipped: no new checkpoint will answer
+            time.sleep(poll)
+        answer = None
+        if swapped_at is not None:
+            sent = time.time()
+            turn = chat.send(prompts[ratings], seed=ratings, max_new_tokens=max_new_tokens)
+            answer = {"sent_at": sent, "ttft_ms": turn.ttft_ms, "done_at": time.time(),
+                      "checkpoint_id": turn.checkpoint_id, "tokens": len(turn.reply_ids)}
+        daemon.scheduler.wait_idle(60)
+        result = daemon.scheduler.last_result or {}
+    finally:
+        daemon.shutdown(timeout=60)
+        store.close()
+    metrics = result.get("metrics") or {}
+    out: dict[str, Any] = {
+        "ratings": ratings, "scores": scores, "rated_reply_tokens": lengths,
+        "max_new_tokens": max_new_tokens, "status": result.get("status", "no round"),
+        "message": result.get("message"), "checkpoint_id": result.get("checkpoint_id"),
+        "mode": metrics.get("mode"), "mode_reason": metrics.get("mode_reason"),
+        "child_seconds": result.get("seconds"), "swap_pause_ms": result.get("swap_pause_ms"),
+        "seconds_rating_to_swap": None if swapped_at is None else swapped_at - rated_at,
+        "seconds_rating_to_first_token": None, "seconds_rating_to_answer": None,
+        "answer_checkpoint_id": None, "answer_tokens": None,
+        "train_nice": cfg.schedule.train_nice, "train_threads": cfg.schedule.train_threads,
+        "round": round_split(metrics)}
+    if answer is not None:
+        out.update(seconds_rating_to_first_token=answer["sent_at"] + answer["ttft_ms"] / 1000
+                   - rated_at, seconds_rating_to_answer=answer["done_at"] - rated_at,
+                   answer_checkpoint_id=answer["checkpoint_id"], answer_tokens=answer["tokens"])
+        if answer["checkpoint_id"] != out["checkpoint_id"]:
+            out["status"] = f"the answer came from {answer['checkpoint_id'] or 'the base'}, " \
+                            f"not {out['checkpoint_id']}"
+    return out
+
+
+def round_split(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A round's time by stage, from its metrics and the stage clock of
+    ``reinf.bench.roundchild`` (``bench_stages``). The rollouts stage holds the sampling
+    (``rollout_seconds``) and the scoring (``scoring_seconds``: the rating model's features
+    of each fresh reply, its prediction, the reward mapper)."""
+    stages = metrics.get("bench_stages") or {}
+    seconds = metrics.get("bench_round_seconds", metrics.get("seconds"))
+    sampled = [metrics.get(k) for k in ("rollout_seconds", "scoring_seconds")]
+    batch = (stages["rollouts"] - sum(sampled)) if "rollouts" in stages and None not in sampled \
+        else None
+    return {"seconds": seconds,
+            # before the first stage: the run row, and the imports of torch, transformers and
+            # peft (train_round imports them only once there is work)
+            "start": seconds - sum(stages.values()) if stages and seconds is not None else None,
+            "reading": stages.get("rewards"), "loading": stages.get("load"),
+            "rating_model": stages.get("rating_model", metrics.get("rating_model_seconds")),
+            "rollouts": sampled[0], "scoring": sampled[1],
+            "batch": batch,  # the rest of the rollouts stage: the episodes' batch, its rewards
+            "update": stages.get("update", metrics.get("update_seconds")),
+            "gate": stages.get("gate"), "checkpoint": stages.get("checkpoint"),
+            "rollout_replies": metrics.get("rollouts"),
+            "rollout_tokens": metrics.get("rollout_tokens"),
+            "samples": metrics.get("samples"), "tokens": metrics.get("tokens"),
+            "epochs_run": metrics.get("epochs_run"),
+            "steps": metrics.get("steps"), "fluency_replies": metrics.get("fluency_replies")}
+
 
 
 def save_shaped_model(config, out: Path) -> str:
@@ -261,7 +420,65 @@ def format_speed(report: dict) -> str:
             f"phase of a {c['rated_turns']}-turn round, {c['round_status']}, "
             f"{fmt(c['round_seconds'], '.1f')} s; trainer nice {c['train_nice']}, threads "
             f"{c['train_threads'] or 'default'})"]
+        if r.get("daemon_round"):
+            lines += format_daemon_round(r["daemon_round"], wrap)
+        if r.get("chat_reply"):
+            from reinf.bench.llamacpp import format_chat_reply
+            lines += format_chat_reply(r["chat_reply"], wrap,
+                                       goal=_goal(r["chat_reply"]["ours"]["tokens_per_s"],
+                                                  GOAL_CHAT_TOKENS_PER_S, most=False))
     return "\n".join(lines)
+
+
+# The goals of issue 20 on 2 cores (a benchmark's yardstick, not a test).
+GOAL_ROUND_S, GOAL_RATING_TO_ANSWER_S, GOAL_CHAT_TOKENS_PER_S = 120, 180, 15
+
+
+def _goal(value: float | None, goal: float, *, most: bool = True) -> str:
+    if value is None:
+        return ""
+    met = value <= goal if most else value >= goal
+    return f" [goal {'≤' if most else '≥'} {goal}: {'met' if met else 'missed'}]"
+
+
+def format_daemon_round(d: dict, wrap: str) -> list[str]:
+    """The round at the default settings, split by stage, and the rating-to-answer time."""
+    fmt = lambda v, f=".1f": "-" if v is None else format(v, f)  # noqa: E731
+    rs = d.get("round") or {}
+    parts = [("imports", rs.get("start")), ("reading ratings", rs.get("reading")),
+             ("loading", rs.get("loading")), ("rating model", rs.get("rating_model")),
+             ("rollouts", rs.get("rollouts")), ("scoring", rs.get("scoring")),
+             ("batch", rs.get("batch")), ("PPO update", rs.get("update")),
+             ("gate", rs.get("gate")), ("checkpoint", rs.get("checkpoint"))]
+    split = ", ".join(f"{name} {fmt(v)}" for name, v in parts if v is not None)
+    sampled = (f"{rs['rollout_replies']} fresh replies, {rs['rollout_tokens']} tokens; "
+               if rs.get("rollout_replies") else "no rollouts; ")
+    goal = _goal(rs.get("seconds"), GOAL_ROUND_S)
+    lines = [f"  training round        {fmt(rs.get('seconds'))} s, {d.get('mode') or '-'} mode, "
+             f"after {d['ratings']} ratings (train_after_ratings){goal}:"
+             f"{wrap}{split or '-'} s"
+             f"{wrap}({sampled}{rs.get('samples') or '-'} samples, "
+             f"{rs.get('epochs_run') or '-'} epochs; trainer nice {d['train_nice']}, "
+             f"threads {d['train_threads'] or 'default'}; {d['status']})"]
+    if d.get("mode") == "rated" and d.get("mode_reason"):
+        lines.append(f"{wrap[1:]}{d['mode_reason']}")
+    answer = d.get("seconds_rating_to_answer")
+    if answer is None:
+        lines.append(f"  rating -> answer      no new checkpoint answered: {d['status']}"
+                     + (f" ({d['message']})" if d.get("message") else ""))
+        return lines
+    swap, child = d.get("seconds_rating_to_swap"), d.get("child_seconds")
+    rest = None if swap is None or child is None else swap - child
+    overhead = None if child is None or rs.get("seconds") is None else child - rs["seconds"]
+    first = d["seconds_rating_to_first_token"]
+    lines.append(
+        f"  rating -> answer      {d['ratings']}th rating to the new checkpoint's first token "
+        f"{fmt(first)} s, whole reply {fmt(answer)} s ({d['answer_tokens']} tokens)"
+        f"{_goal(first, GOAL_RATING_TO_ANSWER_S)}:"
+        f"{wrap}trainer child {fmt(child)} s (the round {fmt(rs.get('seconds'))} s, process "
+        f"start and exit {fmt(overhead)} s), scheduling and swap {fmt(rest, '.2f')} s "
+        f"(swap pause {fmt(d.get('swap_pause_ms'), '.1f')} ms)")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from enginekit import hold_after_first_token
 
 from reinf.config import PROJECT_ROOT
 from reinf.engine import Engine
-from reinf.errors import Conflict, ModelError
+from reinf.errors import BadInput, ModelError
 from reinf.modeling import load_model, render_chat
 from tiny import make_adapter, make_tiny_model
 
@@ -185,9 +185,9 @@ def test_a_swap_without_waiting_lands_between_replies(engine, models, monkeypatc
     assert engine.generate([], "Hello", max_new_tokens=4).checkpoint_id == "ckpt-b"
 
 
-def test_rollback_and_at_most_two_adapters_kept(engine, models):
-    with pytest.raises(Conflict):
-        engine.rollback()
+def test_back_to_the_previous_adapter_and_at_most_two_adapters_kept(engine, models):
+    with pytest.raises(BadInput):  # not loaded, and no directory to read it from
+        engine.request_swap("ckpt-b")
     prompt = engine.build_prompt([], "Hello")
     params = engine.generation_params(seed=4, max_new_tokens=4)
     engine.request_swap("ckpt-a", models["a"])
@@ -195,10 +195,10 @@ def test_rollback_and_at_most_two_adapters_kept(engine, models):
     under_b = engine.stream_prompt(prompt, params).wait()
     engine.request_swap("ckpt-c", models["c"])
     assert set(engine._adapters.names) == {"ckpt-b", "ckpt-c"}  # ckpt-a was dropped
-    assert engine.rollback() == "ckpt-b"
+    engine.request_swap("ckpt-b")  # the previous one is still loaded: no directory needed
     again = engine.stream_prompt(prompt, params).wait()
     assert (again.checkpoint_id, again.logprobs) == ("ckpt-b", under_b.logprobs)
-    assert engine.rollback() == "ckpt-c"
+    engine.request_swap("ckpt-c")
     assert engine.describe()["previous_checkpoint"] == "ckpt-b"
 
 

@@ -115,13 +115,6 @@ def test_every_referenced_doc_exists():
 
 # Built from pieces so that this file does not match itself.
 OUTSIDE_DESIGN_REFS = ("DESIGN" + ".md", "DESIGN" + " §", ".." + "/shared", "/work" + "/shared")
-# Known references another change will remove, tolerated line by line until then (path ->
-# the exact stripped line). Anything else in these files still fails.
-PENDING_OUTSIDE_REFS = {
-    "reinf/bench/generation.py":
-        "# Qwen2.5-0.5B's dimensions (DESIGN" + " §8): a random model of this shape costs what "
-        "it costs.",
-}
 
 
 def _repository_text_files():
@@ -144,8 +137,7 @@ def test_the_project_never_points_at_an_outside_design_note():
     for name in files:
         text = (PROJECT_ROOT / name).read_text(encoding="utf-8", errors="replace")
         for number, line in enumerate(text.splitlines(), 1):
-            if any(ref in line for ref in OUTSIDE_DESIGN_REFS) \
-                    and PENDING_OUTSIDE_REFS.get(name) != line.strip():
+            if any(ref in line for ref in OUTSIDE_DESIGN_REFS):
                 offenders.append(f"{name}:{number}: {line.strip()}")
     assert not offenders, "cite docs/design.md §N instead:\n" + "\n".join(offenders)
 
