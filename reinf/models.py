@@ -41,9 +41,9 @@ from reinf.errors import ModelError
 PROVENANCE = "reinf_model.json"
 # The GGUF holds 4-bit weights (Q4_1: a 4-bit code times an fp16 scale plus an fp16 offset).
 # Dequantized, they need more than bf16's 8 bits of mantissa to be exact, but the rounding
-# bf16 adds is far below the 4-bit quantization already in them (measured by
-# `reinf bench speed --model smollm2-135m`'s fidelity line), and bf16 halves the file
-# (269 MB instead of 538 MB). On the CPU the weights are widened to fp32 at load.
+# bf16 adds (a relative 2^-9 at most) is far below the 4-bit step already in them, and bf16
+# halves the file (269 MB instead of 538 MB). On the CPU the weights are widened to fp32 at
+# load, so serving and training compute in fp32 on what the file holds.
 SAVE_DTYPE = "bfloat16"
 
 
