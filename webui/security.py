@@ -153,15 +153,19 @@ class Guard:
         if request.method in SAFE_METHODS:
             return
         origin = request.headers.get("Origin")
-        if origin is not None and not self._same_origin(origin):
+        site = request.headers.get("Sec-Fetch-Site")
+        # Under Referrer-Policy: no-referrer, Chromium posts this server's own forms (sign in,
+        # sign out) with "Origin: null"; its Sec-Fetch-Site, which no page can set, still
+        # says same-origin. Such a request must then carry the CSRF token like any other.
+        own_form = origin == "null" and site == "same-origin"
+        if origin is not None and not own_form and not self._same_origin(origin):
             raise Refused(f"cross-site request from {origin} refused", status=403,
                           fix="use the web UI served by this server, or a non-browser client")
-        site = request.headers.get("Sec-Fetch-Site")
         if site is not None and site not in ("same-origin", "none"):
             raise Refused(f"{site} request refused", status=403,
                           fix="use the web UI served by this server")
         sent = request.headers.get(CSRF_HEADER)
-        if sent is None and request.path == "/login":
+        if sent is None and request.path in ("/login", "/logout"):  # plain HTML forms
             sent = request.form.get("csrf")
         if sent is not None:
             if hmac.compare_digest(sent.encode(), self.csrf_token.encode()):

@@ -493,3 +493,29 @@ def test_a_system_prompt_is_set_before_the_first_message_then_shown(browser, liv
     row = wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#history-rows tr"))
     assert "System: Answer like a pirate." in row.text
     assert browser.execute_script("return window.__xss") is None
+
+
+def test_sign_in_and_out_with_an_auth_token(browser, config, store, fake_chat, daemon):
+    """The server sends Referrer-Policy: no-referrer, so Chromium posts the login form with
+    Origin: null; signing in must still work, and signing out must end it."""
+    from selenium.webdriver.common.by import By
+
+    from webui import create_app
+    from webui.server import BackgroundServer
+
+    token = "s3cret-token-0123456"
+    app = create_app(config.replace(auth_token=token), store=store, chat=fake_chat,
+                     daemon=daemon)
+    with BackgroundServer(app, threads=4) as server:
+        browser.delete_all_cookies()
+        browser.get(server.url + "/history")
+        wait(browser, lambda d: "/login" in d.current_url)
+        box = browser.find_element(By.NAME, "token")
+        box.send_keys(token)
+        box.submit()
+        wait(browser, lambda d: "/history" in d.current_url and "/login" not in d.current_url)
+        assert "403" not in browser.page_source and "refused" not in browser.page_source
+        browser.find_element(By.ID, "logout").click()
+        wait(browser, lambda d: "/login" in d.current_url)
+        browser.get(server.url + "/history")
+        wait(browser, lambda d: "/login" in d.current_url)  # signed out: the cookie is gone

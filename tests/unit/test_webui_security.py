@@ -137,6 +137,30 @@ def test_pages_redirect_to_login_and_the_cookie_unlocks_them(locked):
     assert r.status_code == 200
 
 
+def test_chromium_signs_in_and_out_with_origin_null(locked):
+    """With Referrer-Policy: no-referrer, Chromium posts the login form with Origin: null
+    and Sec-Fetch-Site: same-origin; that, with the form's CSRF token, signs in. A null
+    origin from anywhere else is still refused."""
+    csrf = locked.application.extensions["reinf"].guard.csrf_token
+    browser = {"Origin": "null", "Sec-Fetch-Site": "same-origin"}
+    good = locked.post("/login", data={"token": "s3cret-token-0123", "csrf": csrf},
+                       headers=browser)
+    assert good.status_code == 302 and good.headers["Location"] == "/"
+    page = locked.get("/history").get_data(as_text=True)
+    assert 'id="logout"' in page  # a way out, on every page
+    out = locked.post("/logout", data={"csrf": csrf}, headers=browser)
+    assert out.status_code == 302 and out.headers["Location"] == "/login"
+    assert locked.get("/history").status_code == 302  # signed out
+    for site in ("cross-site", "same-site", None):
+        headers = {"Origin": "null", **({"Sec-Fetch-Site": site} if site else {})}
+        r = locked.post("/login", data={"token": "s3cret-token-0123", "csrf": csrf},
+                        headers=headers)
+        assert r.status_code == 403, site
+    forged = locked.post("/login", data={"token": "s3cret-token-0123", "csrf": "x" * 32},
+                         headers=browser)
+    assert forged.status_code == 403  # the null origin still needs the page's token
+
+
 @pytest.mark.parametrize("given", [
     "/%09/evil.example", "/%0d%0aX:1", "/%0aSet-Cookie:x=1", "//evil.example", "///evil.example",
     "/%5Cevil.example", "/%5C%5Cevil.example", "%2F%2Fevil.example", "/%2F%2Fevil.example",
