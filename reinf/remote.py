@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
+import uuid
+from pathlib import Path
 from typing import Any
 
 from reinf.errors import ReinfError
@@ -108,14 +111,58 @@ def _lock_url(info: dict[str, Any]) -> str | None:
     return build_url(host, port) if host and port else info.get("url")
 
 
+INSTANCE_FILE = "instance_id"
+
+
+def read_instance_id(data_dir) -> str | None:
+    """The random id of a data directory (``<data_dir>/instance_id``), None if it has none
+    yet: a server says which data directory it serves by this id, never by its path."""
+    try:
+        value = (Path(data_dir) / INSTANCE_FILE).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value or None
+
+
+def ensure_instance_id(data_dir) -> str:
+    """The data directory's id, made (random, 600) the first time a server starts on it."""
+    existing = read_instance_id(data_dir)
+    if existing:
+        return existing
+    value = uuid.uuid4().hex
+    path = Path(data_dir) / INSTANCE_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first
+        return read_instance_id(data_dir) or value
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(value + "\n")
+    return value
+
+
 def find_server(config, url: str | None = None) -> str | None:
     """The URL of a Reinf server that answers: at ``url`` when given, else this data
-    directory's server (same DB), else the configured address; None when none answers."""
+    directory's server (same DB), else the configured address; None when none answers.
+
+    A server found at the configured address that serves another data directory is
+    refused (ReinfError): chatting with it would put this person's messages in another
+    person's history. ``url`` given on purpose is taken as asked."""
+    explicit = bool(url)
     if not url:
         info = locate_server(config)
         url = (_lock_url(info) if info["running"] else None) or \
             build_url(config.server.host, config.server.port)
-    return url if probe_server(url, token=config.server.auth_token) is not None else None
+    answer = probe_server(url, token=config.server.auth_token)
+    if answer is None:
+        return None
+    theirs, ours = answer.get("instance"), read_instance_id(config.data_dir)
+    if not explicit and theirs is not None and theirs != ours:
+        raise ReinfError(
+            f"the Reinf server at {url} serves another data directory, not {config.data_dir}",
+            fix=f"talk to it on purpose with --url {url}, or start this data directory's own "
+                f"server on another port (REINF_PORT=8766 reinf serve), or stop the other one",
+            status=409)
+    return url
 
 
 def call_daemon(config, path: str, body: dict | None = None, *, method: str = "POST",

@@ -32,7 +32,10 @@ def version() -> str:
 def ping():
     runtime = get_runtime()
     return jsonify({"service": "reinf", "version": version(), "model": runtime.model_name,
-                    "chat": runtime.chat is not None})
+                    "chat": runtime.chat is not None,
+                    # which data directory this server serves, by its random id (never the
+                    # path): a client bound to another one refuses to use it
+                    "instance": runtime.instance_id})
 
 
 # --- chat ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ blueprints import this module and the factory imports the blueprints, never the 
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,13 @@ class Runtime:
             raise NotAvailable("no model is loaded in this server",
                                fix="start the server with `reinf serve`")
         return self.chat
+
+    @functools.cached_property
+    def instance_id(self) -> str:
+        """The data directory's random id (reinf.remote.ensure_instance_id), for /api/ping."""
+        from reinf.remote import ensure_instance_id
+
+        return ensure_instance_id(self.config.data_dir)
 
     @property
     def model_name(self) -> str:

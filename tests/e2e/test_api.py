@@ -233,3 +233,26 @@ def test_status_checkpoints_runs_and_train(live, store, daemon):
     wait_for(lambda: not requests.get(live.url + "/api/status", timeout=10)
              .json()["training"]["running"])
     assert requests.get(live.url + "/api/runs", timeout=10).json() == {"runs": []}
+
+
+def test_a_client_of_another_data_directory_refuses_the_server(live, config, tmp_path):
+    """A server on the default port serves data directory A; `REINF_HOME=B reinf chat`
+    found it there and stored B's chats in A's history. The server names its data
+    directory by a random id in /api/ping; a client of B refuses it, in one line."""
+    from urllib.parse import urlsplit
+
+    from reinf.config import load_config
+    from reinf.errors import ReinfError
+    from reinf.remote import find_server, read_instance_id
+
+    port = urlsplit(live.url).port
+    ping = requests.get(live.url + "/api/ping", timeout=10).json()
+    assert ping["instance"] == read_instance_id(config.data_dir)
+    assert str(config.data_dir) not in json.dumps(ping)  # an id, not the path
+    other_home = tmp_path / "other-home"
+    other = load_config(environ={"REINF_HOME": str(other_home), "REINF_PORT": str(port)})
+    with pytest.raises(ReinfError) as err:
+        find_server(other)
+    assert f"serves another data directory, not {other_home}" in err.value.message
+    assert "--url" in err.value.fix and "REINF_PORT" in err.value.fix
+    assert find_server(other, live.url) == live.url  # asked for by name: taken as asked
