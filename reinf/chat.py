@@ -48,6 +48,7 @@ class ChatStream:
         self._reply_stream = None
         self._turn: TurnRecord | None = None
         self._shown: str | None = None  # what the person saw of it, when stop() was told
+        self.context_turn_ids: list[int] = []  # the earlier turns in its prompt
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._reply_stream)
@@ -111,7 +112,7 @@ class ChatStream:
                     model=model_display_name(self._service.engine.model_name),
                     gen_params=gen_params,
                     ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
-                    interrupted=reply.interrupted)
+                    interrupted=reply.interrupted, context_turn_ids=self.context_turn_ids)
         finally:
             self._service._release(self.conversation_id)
 
@@ -180,8 +181,11 @@ class ChatService:
 
     def history(self, conversation_id: int) -> list[tuple[str, str]]:
         """(user, reply) pairs the engine sends as context, oldest first."""
-        return [(t.user_message, t.reply) for t in self.store.conversation_turns(conversation_id)
-                if t.reply]
+        return [(t.user_message, t.reply) for t in self._context(conversation_id)]
+
+    def _context(self, conversation_id: int) -> list[TurnRecord]:
+        """The earlier turns whose text goes into the prompt, oldest first."""
+        return [t for t in self.store.conversation_turns(conversation_id) if t.reply]
 
     def stream(self, message: str, conversation_id: int | None = None, *,
                system_prompt: str | None = None, stream_id: str | None = None,
@@ -207,14 +211,17 @@ class ChatService:
             self.store.get_conversation(conversation_id)  # NotFound before waiting on a lock
             self._acquire(conversation_id)
         try:
-            change = False
+            change, context_ids = False, []
             if conversation_id is None:
                 system = check_system_prompt(self.config.generation.system_prompt
                                              if wanted is None else wanted)
                 history = []
             else:
                 conv = self.store.get_conversation(conversation_id)  # now that no reply runs
-                system, history = conv.system_prompt, self.history(conversation_id)
+                context = self._context(conversation_id)
+                system = conv.system_prompt
+                history = [(t.user_message, t.reply) for t in context]
+                context_ids = [t.id for t in context]
                 change = wanted is not None and (wanted or None) != system
                 if change and conv.turns:  # the store refuses it: Conflict
                     self.store.update_conversation(conversation_id, system_prompt=wanted)
@@ -228,6 +235,7 @@ class ChatService:
             elif change:  # still no turns: this lock is held
                 self.store.update_conversation(conversation_id, system_prompt=system)
             chat = ChatStream(self, conversation_id, message, stream_id)
+            chat.context_turn_ids = context_ids  # a forget meanwhile marks the new turn
             chat._reply_stream = self.engine.stream_prompt(prompt_ids, params,
                                                            on_finish=chat._store)
         except BaseException:

@@ -128,7 +128,9 @@ class Daemon:
         checkpoint, a ``reinf rollback`` that could not reach us, a trainer that outlived
         a crashed server (macOS has no parent-death signal). Runs on the scheduler's one
         worker, so never during our own round; takes the train lock only when the store
-        and the engine disagree, and waits while another process's round runs."""
+        and the engine disagree, and waits while another process's round runs. Also
+        empties the WAL a forget could not (another program was reading)."""
+        self.store.retry_scrub()
         active = self.store.active_checkpoint()
         orphans = any(r.status == "running" for r in self.store.list_runs(limit=5))
         differs = (self.engine is not None

@@ -59,6 +59,10 @@ CRITIC_PREFIX = "critic_"
 # Longest hook error message kept: a hook that raises with a 5 MB message (say, the whole
 # metadata) must not put 5 MB into every status line and page.
 MAX_ERROR_CHARS = 2000
+# A rating's comment or tag a hook error quotes is replaced by its name ("[the comment of
+# turn 12]"), and on forget by FORGOTTEN; shorter texts are left.
+MIN_REDACTED = 3
+FORGOTTEN = "[forgotten]"
 # Resource limits of a hook child (and of what it starts): address space, the default of
 # hook_memory_mb; and the largest file it may write, its stderr included.
 MEMORY_MB = 4096
@@ -149,6 +153,9 @@ def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
         try:
             return _collect(spec, proc, lines, err, labels, len(critics), call_timeout,
                             import_timeout)
+        except HookError as exc:
+            redact_ratings(exc, items, labels)
+            raise
         finally:
             _kill(proc)
             proc.wait()
@@ -262,6 +269,34 @@ def build_error(path: Path | str, line: int | None, message: str, *,
     exc = HookError(f"reward hook {where}: {message}", fix=fix)
     exc.path, exc.line = str(path), line  # for the web UI, which may point at the line
     return exc
+
+
+def redact_ratings(exc: HookError, items: Sequence[tuple[int, dict]],
+                   labels: Sequence[str]) -> None:
+    """Take the person's rating comments and tags out of a hook's error, which the hook may
+    have quoted (``float(metadata["comment"])``): the message goes into the run's row, the
+    logs and ``reinf status``, where a forget would not reach it. Each is named instead
+    ("[the comment of turn 12]")."""
+    message = exc.message
+    for (_, meta), label in zip(items, labels):
+        found = [(meta.get("comment"), f"[the comment of {label}]")]
+        found += [(tag, f"[a tag of {label}]") for tag in meta.get("tags") or ()]
+        for text, name in found:
+            message = redact(message, text, name)
+    if message != exc.message:
+        exc.message = message
+        exc.args = (message,)
+
+
+def redact(message: str, text: Any, name: str = FORGOTTEN) -> str:
+    """``message`` with ``text`` (as written, and as Python's repr escapes it) replaced by
+    ``name``. Texts shorter than MIN_REDACTED characters are left: they would cut up
+    ordinary words and say nothing private."""
+    if not isinstance(text, str) or len(text.strip()) < MIN_REDACTED:
+        return message
+    for form in {text, repr(text)[1:-1]}:
+        message = message.replace(form, name)
+    return message
 
 
 def cap(text: str, limit: int = MAX_ERROR_CHARS) -> str:

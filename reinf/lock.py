@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from reinf.errors import Conflict
+from reinf.errors import Conflict, ReinfError, StoreError
 
 LOCK_NAME = "reinf.pid"
 TRAIN_LOCK_NAME = "train.lock"
@@ -118,8 +118,23 @@ def try_lock(path: Path, info: dict[str, Any]) -> FileLock | None:
             return None
         raise
     lock = FileLock(path, fd, {})
-    lock.update(**info)
+    try:
+        lock.update(**info)
+    except OSError as exc:
+        # The flock is taken but its description cannot be written (a full disk): drop the
+        # lock again, or every later round would find it held until this process ends.
+        lock.release()
+        raise lock_write_error(path, exc) from None
     return lock
+
+
+def lock_write_error(path: Path, exc: OSError) -> ReinfError:
+    """One line for a lock file that cannot be written."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return StoreError(f"no space left on device in {path.parent}",
+                          fix="free some space, then try again")
+    return StoreError(f"cannot write {path}: {exc.strerror or exc}",
+                      fix=f"check the disk and the permissions of {path.parent}")
 
 
 def read_info(path: Path) -> dict[str, Any]:
@@ -178,7 +193,11 @@ def acquire_lock(config, *, host: str | None = None, port: int | None = None,
     while True:
         dir_fd = lock_directory(path.parent)  # first: it survives `rm reinf.pid`
         if dir_fd is not None:
-            lock = try_lock(path, info)
+            try:
+                lock = try_lock(path, info)
+            except BaseException:
+                os.close(dir_fd)
+                raise
             if lock is not None:
                 lock.dir_fd = dir_fd
                 return lock

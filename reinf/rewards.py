@@ -336,6 +336,31 @@ def _load_failure(config, key: str) -> dict | None:
     return record if isinstance(record, dict) and record.get("key") == key else None
 
 
+def scrub_failure(data_dir, texts) -> None:
+    """Forget: the remembered failure quoting a forgotten comment or tag keeps the rest of
+    its message, with "[forgotten]" in its place."""
+    path = Path(data_dir) / FAILURE_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(record, dict) or not isinstance(record.get("message"), str):
+        return
+    message = record["message"]
+    for text in texts:
+        message = hooks.redact(message, text)
+    if message == record["message"]:
+        return
+    record["message"] = message
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:  # it must not keep the text: better no record at all
+        log.warning("cannot rewrite %s (%s): removing it", path, err)
+        path.unlink(missing_ok=True)
+
+
 def _clear_failure(config) -> None:
     try:
         (Path(config.data_dir) / FAILURE_FILE).unlink()

@@ -5,6 +5,7 @@ Each part of Reinf contributes what it knows; nothing here loads a model.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,20 @@ from typing import Any
 from reinf import db
 from reinf.config import Config, resolve_model_path
 
+#: The sections a training round takes from config.yaml as it is then: the trainer child
+#: loads the file afresh each round. A running server keeps every other setting (the
+#: model it serves, its address, generation, the schedule, the database) until restarted.
+ROUND_SECTIONS = ("lora", "ppo", "training", "rewards")
+
 
 def collect_status(config: Config, store, *, engine=None, daemon: dict | None = None,
-                   schedule: dict | None = None) -> dict:
+                   schedule: dict | None = None, round_config: Config | None = None) -> dict:
     """A JSON-ready snapshot. ``engine``, ``daemon`` (the lock's view: running, pid, url)
     and ``schedule`` (the scheduler's: next_run, training, warnings) add what only a
-    running server knows."""
+    running server knows. ``round_config`` is what the next training round will read
+    (config.yaml as it is now, :func:`reread_config`) where that differs from ``config``,
+    the one a server started with: the reward hook and the method are reported from it."""
+    round_config = round_config or config
     warnings: list[str] = []
     model_path = resolve_model_path(config)
     local = Path(model_path).exists()
@@ -40,8 +49,8 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "next_run": (schedule or {}).get("next_run"),
         "schedule": schedule,
         "daemon": daemon or {"running": False},
-        "reward_hook": _reward_hook_status(config),
-        "training": _training_status(config, store),
+        "reward_hook": _reward_hook_status(round_config),
+        "training": _training_status(round_config, store),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
         "trainer_log_file": str(config.data_dir / "logs" / "trainer.log"),
         "warnings": warnings,
@@ -65,6 +74,66 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         # most fix texts say so already (hooks.FIX): say it once
         paused = "" if "training is paused" in fix else " (training is paused until it works)"
         warnings.append(f"{hook['error']} — {fix}{paused}")
+    return out
+
+
+def reread_config(started: Config) -> tuple[Config | None, str | None]:
+    """config.yaml loaded again as a training round started now loads it (the trainer
+    child reads the file afresh, with the server's environment pointed at the same data
+    directory), the server's command-line flags kept: ``(config, None)``, or ``(None,
+    one-line error)`` when the file no longer loads. ``started`` itself when the server
+    read no file and none has appeared since."""
+    from reinf.config import find_config_file, load_config, settings
+    from reinf.errors import ReinfError
+
+    environ = {**os.environ, "REINF_HOME": str(started.data_dir)}
+    path = started.source or find_config_file(environ)
+    if path is None:
+        return started, None
+    flags = {info.public: getattr(getattr(started, info.section), info.key)
+             for info in settings() if started.origin_kind(info.public) in ("flag", "override")}
+    try:
+        return load_config(path, environ=environ, overrides=flags), None
+    except ReinfError as exc:
+        return None, " ".join(str(exc).split())
+    except Exception as exc:  # noqa: BLE001 - a status must answer even so
+        return None, f"{path} cannot be read: {type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def config_changes(started: Config, current: Config | None,
+                   error: str | None = None) -> dict | None:
+    """What differs between the config a server started with and ``current`` (from
+    :func:`reread_config`): None when nothing does, else ``{"file", "error",
+    "restart_needed", "next_round", "message"}``. ``restart_needed`` lists the settings
+    the server applies only when it starts; ``next_round`` those the next training round
+    uses as they are now; ``message`` is the warning line (None when only the latter
+    changed: nothing is wrong then)."""
+    from reinf.config import CONFIG_FILENAME, settings
+
+    file = (current.source if current is not None else None) or started.source \
+        or str(started.data_dir / CONFIG_FILENAME)
+    out: dict[str, Any] = {"file": file, "error": error, "restart_needed": [],
+                           "next_round": [], "message": None}
+    if error is not None:
+        out["message"] = (f"{Path(file).name} changed since the server started and no longer "
+                          f"loads: {error}; training rounds fail until it is fixed")
+        return out
+    if current is None:
+        return None
+    for info in settings():
+        before = getattr(getattr(started, info.section), info.key)
+        if before != getattr(getattr(current, info.section), info.key):
+            out["next_round" if info.section in ROUND_SECTIONS else "restart_needed"].append(
+                info.public)
+    if not out["restart_needed"] and not out["next_round"]:
+        return None
+    if out["restart_needed"]:
+        names = out["restart_needed"]
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        out["message"] = (f"{file} changed since the server started: {shown} "
+                          f"{'takes' if len(names) == 1 else 'take'} effect only after a "
+                          "restart — stop the server and run `reinf serve` again (until then "
+                          "it keeps the values it started with)")
     return out
 
 

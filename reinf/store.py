@@ -7,8 +7,10 @@ objects. Writes run in ``BEGIN IMMEDIATE`` transactions (see reinf.db).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import time
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterator, Sequence
@@ -19,6 +21,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from reinf import db
 from reinf.errors import BadInput, Conflict, NotFound, StoreError
+from reinf.hooks import FORGOTTEN, MIN_REDACTED
 from reinf.permissions import secure_data_dir
 from reinf.records import (CheckpointRecord, ConversationRecord, RatingRecord, RunRecord, Sample,
                            TurnRecord)
@@ -37,6 +40,14 @@ STREAM_PREFIX = "chatcmpl-stream-"
 STREAM_ID = re.compile(r"[0-9a-f]{32}")
 TURN_FORMS = "`last`, a turn number, or an OpenAI completion id `chatcmpl-…`"
 AMBIGUOUS_SHOWN = 10  # candidates an ambiguous checkpoint prefix lists
+# Forget empties the WAL; while another program holds a read transaction it cannot. It
+# tries this often, waiting this long each time, rather than the whole busy timeout.
+SCRUB_TRIES = 3
+SCRUB_WAIT_MS = 200
+WAL_BUSY = ("another program is reading the database, so the forgotten text stays in the "
+            "write-ahead log (the database's -wal file) until it finishes; Reinf empties it then (at the "
+            "next forget, while the server runs, or when it stops)")
+log = logging.getLogger("reinf.store")
 
 
 def check_score(score: Any) -> int:
@@ -105,6 +116,8 @@ class Store:
     def __init__(self, url: str, *, busy_timeout_ms: int = 15_000, migrate: bool = True,
                  check: bool = True):
         self.url = url
+        self.wal_pending = False  # a forget could not empty the WAL (a reader held it)
+        self.data_dir = None  # where reward_hook_error.json is (set by open)
         self.engine = db.create_db_engine(url, busy_timeout_ms)
         self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
         try:
@@ -123,7 +136,10 @@ class Store:
         quick_check``) and brings the schema up to date."""
         db.check_directory(config.data_dir)
         secure_data_dir(config)
-        return cls(config.db_url, busy_timeout_ms=config.storage.busy_timeout_ms, migrate=migrate)
+        store = cls(config.db_url, busy_timeout_ms=config.storage.busy_timeout_ms,
+                    migrate=migrate)
+        store.data_dir = config.data_dir
+        return store
 
     @classmethod
     def open_existing(cls, config) -> "Store":
@@ -146,6 +162,10 @@ class Store:
         return store
 
     def close(self) -> None:
+        try:
+            self.retry_scrub()  # a reader kept a forget from emptying the WAL: try once more
+        except Exception:  # noqa: BLE001 - closing must not fail
+            log.debug("WAL checkpoint at close failed", exc_info=True)
         self.engine.dispose()
 
     @contextmanager
@@ -227,7 +247,12 @@ class Store:
                     logprobs: Sequence[float] = (), checkpoint_id: str | None = None,
                     model: str = "", gen_params: dict | None = None,
                     ttft_ms: float | None = None, latency_ms: float | None = None,
-                    interrupted: bool = False) -> TurnRecord:
+                    interrupted: bool = False,
+                    context_turn_ids: Sequence[int] | None = None) -> TurnRecord:
+        """Store a turn. ``context_turn_ids``: the earlier turns whose text went into its
+        prompt. One forgotten while the reply was generated (it is gone now) makes the new
+        turn ``context_forgotten``, as forget does for the turns after the one it deletes:
+        its prompt tokens are not kept and it is never trained on."""
         if len(logprobs) != len(reply_ids):
             raise BadInput(f"{len(logprobs)} log-probs for {len(reply_ids)} reply tokens")
         if not all(math.isfinite(x) for x in logprobs):
@@ -242,9 +267,16 @@ class Store:
                 raise NotFound(f"no conversation {conversation_id}")
             index = (s.scalar(select(func.max(Turn.index))
                               .where(Turn.conversation_id == conversation_id)) or 0) + 1
+            forgotten = False
+            if context_turn_ids:  # in this transaction: a forget commits before or after it
+                wanted = set(context_turn_ids)
+                left = s.scalar(select(func.count()).select_from(Turn).where(
+                    Turn.conversation_id == conversation_id, Turn.id.in_(wanted)))
+                forgotten = (left or 0) < len(wanted)
             turn = Turn(conversation_id=conversation_id, index=index,
                         user_message=user_message, reply=reply,
-                        prompt_ids=pack_ids(prompt_ids), reply_ids=pack_ids(reply_ids),
+                        prompt_ids=None if forgotten else pack_ids(prompt_ids),
+                        reply_ids=pack_ids(reply_ids), context_forgotten=forgotten,
                         logprobs=pack_floats(logprobs), checkpoint_id=checkpoint_id,
                         model=model, gen_params=gen_params or {}, ttft_ms=ttft_ms,
                         latency_ms=latency_ms, interrupted=interrupted)
@@ -454,6 +486,8 @@ class Store:
                                                  Turn.index > turn.index)
                               .values(context_forgotten=True, prompt_ids=None)).rowcount
             ratings = 1 if turn.rating else 0
+            texts = _rating_texts([turn.rating] if turn.rating else [])
+            self._scrub_records(s, texts)
             conv = s.get(Conversation, turn.conversation_id)
             titled_by_it = conv.title == title_of(turn.user_message)
             s.delete(turn)
@@ -462,34 +496,92 @@ class Store:
                 first = s.scalar(select(Turn.user_message).order_by(Turn.index).limit(1)
                                  .where(Turn.conversation_id == conv.id))
                 conv.title = title_of(first) if first is not None else ""
-        self._scrub()
-        return {"turns": 1, "ratings": ratings, "later_turns_untrainable": later}
+        return self._forgot({"turns": 1, "ratings": ratings, "later_turns_untrainable": later},
+                            texts)
 
     def forget_conversation(self, conversation_id: int) -> dict[str, int]:
         with self._session(write=True) as s:
             if s.get(Conversation, conversation_id) is None:
                 raise NotFound(f"no conversation {conversation_id}")
             turns = s.scalar(select(func.count()).where(Turn.conversation_id == conversation_id))
-            ratings = s.scalar(select(func.count()).select_from(Rating).join(Turn)
-                               .where(Turn.conversation_id == conversation_id))
+            rated = s.scalars(select(Rating).join(Turn)
+                              .where(Turn.conversation_id == conversation_id)).all()
+            ratings, texts = len(rated), _rating_texts(rated)
+            self._scrub_records(s, texts)
             s.execute(delete(Conversation).where(Conversation.id == conversation_id))
-        self._scrub()
-        return {"conversations": 1, "turns": turns or 0, "ratings": ratings or 0}
+        return self._forgot({"conversations": 1, "turns": turns or 0, "ratings": ratings},
+                            texts)
 
     def forget_all(self) -> dict[str, int]:
         before = self.counts()
         with self._session(write=True) as s:
+            texts = _rating_texts(s.scalars(select(Rating)).all())
+            self._scrub_records(s, texts)
             s.execute(delete(Rating))
             s.execute(delete(Turn))
             s.execute(delete(Conversation))
-        self._scrub()
-        return {k: before[k] for k in ("conversations", "turns", "ratings")}
+        return self._forgot({k: before[k] for k in ("conversations", "turns", "ratings")},
+                            texts)
 
-    def _scrub(self) -> None:
-        """Push deleted pages out of the WAL so forgotten text does not linger on disk."""
-        if self.engine.dialect.name == "sqlite":
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    @staticmethod
+    def _scrub_records(s: Session, texts: Sequence[str]) -> None:
+        """In the forget's transaction: the forgotten ratings' comments and tags, where a
+        broken hook's error quoted them in a run's row, become "[forgotten]"."""
+        for text in texts:
+            for form in {text, repr(text)[1:-1]}:
+                s.execute(update(TrainingRun)
+                          .where(TrainingRun.error.contains(form, autoescape=True))
+                          .values(error=func.replace(TrainingRun.error, form, FORGOTTEN)))
+
+    def _forgot(self, result: dict[str, Any], texts: Sequence[str] = ()) -> dict[str, Any]:
+        """A forget's result, after taking the forgotten comments and tags out of the last
+        hook failure (``reward_hook_error.json``) and pushing the deleted pages out of the
+        WAL; says so when another program's read transaction kept it from being emptied."""
+        if texts and self.data_dir is not None:
+            from reinf.rewards import scrub_failure
+
+            scrub_failure(self.data_dir, texts)
+        if not self._scrub():
+            result["warning"] = WAL_BUSY
+        return result
+
+    def _scrub(self) -> bool:
+        """Push deleted pages out of the WAL so forgotten text does not linger on disk:
+        ``wal_checkpoint(TRUNCATE)``, a few short tries. False when a reader (another
+        program holding a read transaction) still needs the WAL: then it is tried again at
+        the next forget, by ``retry_scrub`` (the server's reconcile tick) and at ``close``."""
+        if self.engine.dialect.name != "sqlite":
+            return True
+        busy = True
+        with self.engine.connect() as conn:
+            timeout = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={SCRUB_WAIT_MS}")
+            try:
+                for attempt in range(SCRUB_TRIES):
+                    if attempt:
+                        time.sleep(SCRUB_WAIT_MS / 1000)
+                    row = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+                    busy = row is not None and row[0] != 0
+                    if not busy:
+                        break
+            finally:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout={int(timeout or 0)}")
+        if busy and not self.wal_pending:
+            log.warning("forgotten text is still in %s-wal: %s", self._db_file(), WAL_BUSY)
+        self.wal_pending = busy
+        return not busy
+
+    def retry_scrub(self) -> bool:
+        """Empty the WAL if a forget could not (True when it is empty now)."""
+        if not self.wal_pending:
+            return True
+        if self._scrub():
+            log.info("forgotten text is gone from %s-wal now", self._db_file())
+            return True
+        return False
+
+    def _db_file(self) -> str:
+        return self.engine.url.database or "the database"
 
     # --- training runs ----------------------------------------------------------------
 
@@ -547,15 +639,38 @@ class Store:
             return _checkpoint(ckpt)
 
     def promote(self, run_id: int, checkpoint_id: str, path: str, *, parent_id: str | None,
-                metrics: dict, samples: int) -> CheckpointRecord:
+                metrics: dict, samples: int, turn_ids: Sequence[int] = (),
+                read_at: datetime | None = None) -> CheckpointRecord:
         """A round's end, in one transaction: record its checkpoint, make it the active one
         and finish the run as succeeded. A kill part-way leaves none of it (the run stays
         ``running`` and is marked interrupted at the next start), never an active
-        checkpoint whose run is not finished."""
+        checkpoint whose run is not finished.
+
+        ``turn_ids``: the rated turns the round trained on, read from the store by
+        ``read_at`` (default: the run's start). If any was forgotten while it ran
+        (or the context of one was), nothing is promoted: the checkpoint is recorded
+        ``rejected`` and the run finishes rejected, saying so; the record returned then has
+        status ``rejected``. A forget waits for this transaction or comes before it."""
         with self._session(write=True) as s:
             run = s.get(TrainingRun, run_id)
             if run is None:
                 raise NotFound(f"no training run {run_id}")
+            forgotten = self._forgotten_since(s, turn_ids,
+                                              read_at or run.ratings_until or run.started_at)
+            if forgotten:
+                reason = (f"{forgotten} of the turns this round trained on "
+                          f"{'was' if forgotten == 1 else 'were'} forgotten while it ran; "
+                          "nothing was promoted")
+                ckpt = Checkpoint(id=checkpoint_id, path=str(path), parent_id=parent_id,
+                                  run_id=run_id, status="rejected",
+                                  metrics={**(metrics or {}), "rejected_reason": reason})
+                s.add(ckpt)
+                run.status, run.error, run.finished_at = "rejected", reason, utcnow()
+                run.metrics = {**(metrics or {}), "rejected_reason": reason,
+                               "forgotten_during_round": forgotten}
+                run.samples, run.checkpoint_id = samples, checkpoint_id
+                s.flush()
+                return _checkpoint(ckpt)
             ckpt = Checkpoint(id=checkpoint_id, path=str(path), parent_id=parent_id,
                               run_id=run_id, metrics=metrics or {}, status="promoted")
             s.add(ckpt)
@@ -567,6 +682,22 @@ class Store:
                 checkpoint_id
             s.flush()
             return _checkpoint(ckpt)
+
+    @staticmethod
+    def _forgotten_since(s: Session, turn_ids: Sequence[int], read_at: datetime) -> int:
+        """How many of ``turn_ids``, read for training at ``read_at``, are gone or have lost
+        their context since. A turn created after ``read_at`` under one of those ids is
+        another turn (SQLite gives a deleted highest id again)."""
+        wanted = set(turn_ids)
+        if not wanted:
+            return 0
+        left = 0
+        ids = sorted(wanted)
+        for i in range(0, len(ids), 500):  # SQL parameter limits
+            left += s.scalar(select(func.count()).select_from(Turn).where(
+                Turn.id.in_(ids[i:i + 500]), Turn.context_forgotten.is_(False),
+                Turn.created_at <= read_at)) or 0
+        return len(wanted) - left
 
     def activate_checkpoint(self, checkpoint_id: str | None) -> CheckpointRecord | None:
         """Make ``checkpoint_id`` the active adapter; None means the bare base model."""
@@ -645,6 +776,16 @@ class Store:
             if self.engine.dialect.name != "sqlite":
                 return "ok" if conn.execute(text("SELECT 1")).scalar() == 1 else "no answer"
             return conn.execute(text("PRAGMA integrity_check")).scalar()
+
+
+def _rating_texts(ratings) -> list[str]:
+    """The comments and tags of ``ratings`` that a hook error could have quoted."""
+    out: list[str] = []
+    for rating in ratings:
+        for text in [rating.comment or "", *(rating.tags or [])]:
+            if len(text.strip()) >= MIN_REDACTED and text not in out:
+                out.append(text)
+    return sorted(out, key=len, reverse=True)  # a longer text first, not cut by a shorter
 
 
 def _tag_may_match(tag: str):

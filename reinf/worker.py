@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from reinf.errors import ReinfError
 from reinf.lock import RETRY_SECONDS, acquire_train_lock, read_info, train_lock_path
 
 log = logging.getLogger("reinf.worker")
@@ -171,10 +172,15 @@ class ChildRunner:
     def run(self, trigger: str, *, force: bool = False) -> Outcome:
         """Spawn, watch and interpret one round. Blocks until the child is gone."""
         started = time.monotonic()
-        train_lock = acquire_train_lock(self.config, trigger=trigger)
-        while train_lock is None and time.monotonic() < started + RETRY_SECONDS:
-            time.sleep(0.05)  # the reconcile job holds it for microseconds
+        try:
             train_lock = acquire_train_lock(self.config, trigger=trigger)
+            while train_lock is None and time.monotonic() < started + RETRY_SECONDS:
+                time.sleep(0.05)  # the reconcile job holds it for microseconds
+                train_lock = acquire_train_lock(self.config, trigger=trigger)
+        except ReinfError as exc:  # a full disk: the lock was not kept, the next round may go
+            log.error("training round not started: %s", exc)
+            return Outcome("failed", f"not started: {exc}",
+                           seconds=time.monotonic() - started)
         if train_lock is None:
             other = read_info(train_lock_path(self.config)).get("pid", "?")
             return Outcome("skipped", "another training round is already running (started "

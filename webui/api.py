@@ -115,7 +115,7 @@ def undo(turn_ref: str):
 def turn(turn_ref: str):
     runtime = get_runtime()
     record = runtime.store.get_turn(runtime.store.resolve_turn(turn_ref))
-    return jsonify(history_rows(runtime.config, [record])["turns"][0])
+    return jsonify(history_rows(runtime.round_config(), [record])["turns"][0])
 
 
 @bp.delete("/turns/<turn_ref>")
@@ -138,7 +138,7 @@ def history():
         rated=query_bool("rated"), min_score=min_score, max_score=max_score,
         tag=query_text("tag"), since=query_datetime("since"),
         until=query_datetime("until", end_of_day=True))
-    out = history_rows(runtime.config, turns)
+    out = history_rows(runtime.round_config(), turns)
     out["count"] = len(out["turns"])
     return jsonify(out)
 

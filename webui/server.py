@@ -35,9 +35,10 @@ log = logging.getLogger("reinf.webui")
 
 # Waitress buffers a whole request body before the app sees it. It buffers at most
 # max_request_bytes + BODY_MARGIN (what the app may read, and a little more so that it can
-# tell a chunked body over the limit); a body declared larger is read and thrown away, up
-# to DRAIN_FACTOR times the limit, and the app answers it with its JSON 413. Beyond that
-# waitress answers its own plain-text 413 at once and closes.
+# tell a chunked body over the limit); a larger body, declared (Content-Length) or found
+# while a chunked one arrives, is read and thrown away, up to DRAIN_FACTOR times the limit,
+# and the app answers it with its JSON 413 naming max_request_bytes. Beyond that the app
+# answers the same JSON 413 at once and the connection closes (never waitress's plain text).
 BODY_MARGIN = 65536
 DRAIN_FACTOR = 16
 HEADER_TIMEOUT_SECONDS = 15.0
@@ -49,16 +50,33 @@ QUEUE_WARNING_SECONDS = 60.0
 USE_POLL = hasattr(select, "poll")
 
 
+class Discarded:
+    """A body buffer that keeps nothing: a chunked body over the limit is parsed (to find
+    where it ends) and dropped."""
+
+    def __init__(self, size: int = 0):
+        self.size = size
+
+    def append(self, data: bytes) -> None:
+        self.size += len(data)
+
+    def __len__(self) -> int:
+        return self.size
+
+
 class DrainingParser(HTTPRequestParser):
-    """Waitress's request parser, except for a body declared (Content-Length) over the
-    buffering limit: instead of answering at once and closing while the client is still
-    sending (which Python's urllib and requests see as a connection reset), it reads the
-    body and drops it, up to ``drain_limit`` bytes, then hands the app the request with
-    an empty body. The app refuses it from its Content-Length alone (413 with Reinf's
-    JSON error), and the connection stays usable."""
+    """Waitress's request parser, except for a body over the buffering limit: instead of
+    answering its own plain-text 413 at once and closing while the client is still sending
+    (which Python's urllib and requests see as a connection reset), it reads the body and
+    drops it, up to ``drain_limit`` bytes, then hands the app the request with an empty
+    body and a Content-Length over the limit (for a chunked body, the bytes it carried).
+    The app refuses it from that Content-Length alone (413 with Reinf's JSON error naming
+    max_request_bytes), and the connection stays usable. A body past ``drain_limit`` gets
+    the same JSON 413 without waiting for the rest, and the connection closes."""
 
     drain_limit = 0
     _discard = 0
+    _draining_chunks = False
 
     def __init__(self, adj):
         super().__init__(adj)
@@ -70,12 +88,19 @@ class DrainingParser(HTTPRequestParser):
             self._discard -= n
             self.completed = self._discard == 0
             return n
+        if self._draining_chunks:
+            return self._drain_chunks(data)
         n = super().received(data)
-        if (isinstance(self.error, RequestEntityTooLarge) and self.headers_finished
-                and not self.chunked and 0 < self.content_length <= self.drain_limit):
-            if self.body_rcv is not None:
-                self.body_rcv.getbuf().close()
-            self.error, self.body_rcv = None, None  # the app sees an empty body
+        if not (isinstance(self.error, RequestEntityTooLarge) and self.headers_finished):
+            return n
+        if self.chunked:
+            # Over the limit while a chunked body arrives: go on parsing it, keeping nothing.
+            self.body_rcv.getbuf().close()
+            self.body_rcv.buf = Discarded(self.body_bytes_received)
+            self.error, self.completed, self._draining_chunks = None, False, True
+            self._check_chunks()
+        elif 0 < self.content_length <= self.drain_limit:
+            self._refuse_to_app()
             if self.expect_continue:
                 # curl and others wait for "100 Continue" before sending a large body:
                 # answer now instead, and close, since no body will follow.
@@ -83,7 +108,39 @@ class DrainingParser(HTTPRequestParser):
                 self.headers["CONNECTION"] = "close"
             else:
                 self._discard, self.completed = self.content_length, False
+        else:  # declared far past the limit: answer at once, and close
+            self._refuse_to_app(close=True)
         return n
+
+    def _drain_chunks(self, data: bytes) -> int:
+        n = self.body_rcv.received(data)
+        self.body_bytes_received += n
+        self._check_chunks()
+        return n
+
+    def _check_chunks(self) -> None:
+        """End a dropped chunked body: when it is whole, or bad, or past drain_limit."""
+        receiver = self.body_rcv
+        if receiver.error is not None:  # garbage in the chunk framing: waitress's 400
+            self.error, self.completed, self._draining_chunks = receiver.error, True, False
+        elif receiver.completed:
+            self._refuse_to_app(length=len(receiver.buf))
+        elif self.body_bytes_received > self.drain_limit:
+            self._refuse_to_app(length=len(receiver.buf), close=True)
+
+    def _refuse_to_app(self, *, length: int | None = None, close: bool = False) -> None:
+        """Hand the app this request with an empty body; its Content-Length (``length``, for
+        a chunked body) is over max_request_bytes, so the app answers its JSON 413."""
+        if self.body_rcv is not None and not isinstance(getattr(self.body_rcv, "buf", None),
+                                                        Discarded):
+            self.body_rcv.getbuf().close()
+        self.error, self.body_rcv, self.completed = None, None, True
+        self._draining_chunks = False
+        if length is not None:
+            self.headers["CONTENT_LENGTH"] = str(length)
+        if close:
+            self.expect_continue = False
+            self.headers["CONNECTION"] = "close"
 
 
 def _channel_class(drain_limit: int):

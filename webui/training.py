@@ -25,7 +25,14 @@ def is_number(value) -> bool:
 def status():
     runtime = get_runtime()
     schedule = runtime.schedule_info()
-    out = collect_status(runtime.config, runtime.store, engine=runtime.engine, daemon=schedule)
+    current, change = runtime.config_now()
+    out = collect_status(runtime.config, runtime.store, engine=runtime.engine, daemon=schedule,
+                         round_config=current)
+    out["config_changed"] = change
+    if change and change["message"]:
+        # in the schedule too: `reinf status` shows the server's schedule warnings
+        out["warnings"].append(change["message"])
+        schedule["warnings"] = [*(schedule.get("warnings") or []), change["message"]]
     out["next_run"] = schedule.get("next_run")
     out["schedule"] = schedule
     out["training"] = {**out["training"], "running": bool(schedule.get("training", False)),

@@ -102,7 +102,9 @@ def forget(app, turn, conversation_id, everything, yes, as_json):
         result = app.store.forget_all()
     emit({"forgotten": result}, as_json, lambda d: click.echo(
         "forgot " + ", ".join(count(n, *FORGOTTEN.get(k, (k, k))) for k, n in
-                              d["forgotten"].items())))
+                              d["forgotten"].items() if k != "warning")))
+    if result.get("warning") and not as_json:
+        click.echo(f"Warning: {result['warning']}", err=True)
 
 
 # forget's counts, in words: (one, many)

@@ -29,7 +29,7 @@ import os
 import re
 import secrets
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -133,15 +133,20 @@ def publish(tmp: Path, final: Path) -> None:
 @dataclass
 class LoadedCheckpoint:
     path: Path
-    value_head: dict[str, Any]          # name -> tensor
-    state: dict[str, Any]
-    metrics: dict[str, Any]
+    value_head: dict[str, Any] | None   # name -> tensor; None: the file is damaged
+    state: dict[str, Any] | None        # None: the file is damaged
+    metrics: dict[str, Any]             # {} when the file is damaged
+    # (file name, why) for each file that exists but cannot be read
+    damaged: list[tuple[str, str]] = field(default_factory=list)
 
 
 def load_checkpoint(path: Path) -> LoadedCheckpoint:
     """The value head, trainer state and metrics of a complete checkpoint.
 
     The adapter itself is loaded by the caller with ``PeftModel.from_pretrained(base, path)``.
+    A value head, trainer state or metrics file that is there but cannot be read (damaged
+    on disk, written by something else) comes back as None (``{}`` for the metrics), named
+    in ``damaged`` with the reason, so the caller can start those parts fresh and say so.
     """
     import torch
     from safetensors.torch import load_file
@@ -152,10 +157,34 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
         raise TrainingError(f"checkpoint {path} is incomplete (missing: {', '.join(missing)})",
                             fix="roll back to another checkpoint with `reinf rollback`, "
                                 "or to the base model with `reinf rollback base`")
-    return LoadedCheckpoint(
-        path=path, value_head=load_file(str(path / VALUE_HEAD)),
-        state=torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True),
-        metrics=json.loads((path / METRICS).read_text(encoding="utf-8")))
+    damaged: list[tuple[str, str]] = []
+
+    def read(name: str, load, kind: type):
+        try:
+            value = load(path / name)
+        except Exception as exc:  # noqa: BLE001 - whatever the library raises on bad bytes
+            damaged.append((name, one_line(exc)))
+            return None
+        if not isinstance(value, kind):
+            damaged.append((name, f"holds a {type(value).__name__}, not a mapping"))
+            return None
+        return value
+
+    value_head = read(VALUE_HEAD, lambda f: load_file(str(f)), dict)
+    state = read(TRAINER_STATE, lambda f: torch.load(f, map_location="cpu", weights_only=True),
+                 dict)
+    metrics = read(METRICS, lambda f: json.loads(f.read_text(encoding="utf-8")), dict)
+    return LoadedCheckpoint(path=path, value_head=value_head, state=state,
+                            metrics=metrics or {}, damaged=damaged)
+
+
+def one_line(exc: BaseException, limit: int = 160) -> str:
+    """``Type: message`` on one line: a long message is cut after its first sentence (torch's
+    goes on about ``weights_only``, beside the point for a damaged file), and at ``limit``."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if len(text) > limit and ". " in text:
+        text = text[:text.index(". ")]
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def load_rating_model(path: Path) -> dict[str, Any] | None:

@@ -5,13 +5,17 @@ A round continues from the ACTIVE checkpoint: its adapter (``PeftModel.from_pret
 trainable), value head, optimizer state, KL controller, running reward statistics and
 counters. With the base model active (first round, or ``reinf rollback base``) everything
 starts fresh: a new adapter seeded by ``ppo.seed``, a zero value head, ``kl_coef`` from the
-config. Changing ``lora.*`` affects only fresh adapters (a warning says so).
+config. Changing ``lora.*`` affects only fresh adapters (a warning says so). A damaged
+``trainer_state.pt`` or ``value_head.safetensors`` in the active checkpoint does not stop
+the round: that part starts fresh (the counters come from ``metrics.json``), and a one-line
+warning in the round's metrics names the checkpoint and the file.
 
 After a round rejected for its KL, the next round from the same parent starts with at
 least the rejected round's doubled kl_coef, so it does not repeat the same rejection.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,8 @@ from reinf.errors import ModelError, ReinfError
 from reinf.lora import adapted_layers, fan_in_fan_out, lora_targets, target_layers
 from reinf.modeling import quiet_peft
 from reinf.training.ppo import KLController, Policy, RunningMoments, ValueHead
+
+log = logging.getLogger("reinf.training")
 
 
 @dataclass
@@ -110,8 +116,9 @@ def build_session(config, store) -> Session:
         if active is not None:
             ckpt = checkpoints.load_checkpoint(Path(active.path))
             peft_model = PeftModel.from_pretrained(model, str(ckpt.path), is_trainable=True)
-            value_head.load_state_dict(ckpt.value_head)
-            state = ckpt.state
+            value_head = _load_value_head(ckpt, hidden)
+            state = _usable_state(ckpt)
+            warnings += _damage_warnings(active.id, ckpt)
             warnings += _lora_drift(config, peft_model)
         else:
             peft_model = fresh_adapter(model, config, seed=ppo.seed)
@@ -131,7 +138,7 @@ def build_session(config, store) -> Session:
             group["lr"] = ppo.learning_rate  # the config's value wins over the saved one
     kl_ctl = KLController(ppo.kl_coef, ppo.kl_target, ppo.kl_horizon, ppo.adaptive_kl)
     if ppo.adaptive_kl and state.get("kl_controller"):
-        kl_ctl.load_state_dict(state["kl_controller"])
+        kl_ctl.load_state_dict(state["kl_controller"])  # checked by _usable_state
     parent_id = active.id if active else None
     if ppo.adaptive_kl:
         kl_ctl.coef = max(kl_ctl.coef, _after_rejection(store, parent_id))
@@ -144,6 +151,63 @@ def build_session(config, store) -> Session:
     limit = get_context_limit(loaded.model, loaded.tokenizer)
     return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings,
                    context_limit=limit)
+
+
+def _load_value_head(ckpt, hidden: int) -> ValueHead:
+    """The checkpoint's value head; a fresh one (zero, as in a first round) where its file
+    is damaged or does not fit this model, named in ``ckpt.damaged``."""
+    head = ValueHead(hidden)
+    if ckpt.value_head is None:
+        return head
+    try:
+        head.load_state_dict(ckpt.value_head)
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+        ckpt.damaged.append((checkpoints.VALUE_HEAD, checkpoints.one_line(exc)))
+        return ValueHead(hidden)  # not a half-loaded one
+    return head
+
+
+def _usable_state(ckpt) -> dict[str, Any]:
+    """The trainer state to continue from. Where trainer_state.pt is damaged (or holds what
+    the optimizer, KL controller and reward statistics cannot take), those start fresh and
+    only the round counters carry on, from metrics.json; ``ckpt.damaged`` names the file."""
+    state = ckpt.state
+    if state is not None:
+        try:  # what build_session does with it, on throwaway objects
+            if state.get("kl_controller"):
+                KLController(0.1, 6.0, 10_000).load_state_dict(state["kl_controller"])
+            if state.get("reward_stats"):
+                RunningMoments().load_state_dict(state["reward_stats"])
+            for name in ("round", "global_step", "samples_seen"):
+                int(state.get(name, 0))
+            if state.get("optimizer") and not isinstance(state["optimizer"], dict):
+                raise TypeError("the optimizer state is not a mapping")
+            return state
+        except (KeyError, ValueError, TypeError) as exc:
+            ckpt.damaged.append((checkpoints.TRAINER_STATE, checkpoints.one_line(exc)))
+    counters = {}
+    for name in ("round", "global_step", "samples_seen"):
+        value = ckpt.metrics.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            counters[name] = value
+    return counters
+
+
+def _damage_warnings(checkpoint_id: str, ckpt) -> list[str]:
+    """One line per damaged file of the active checkpoint: which, why, and what this round
+    does instead (it writes a whole new checkpoint, so the damage stops with it)."""
+    instead = {checkpoints.VALUE_HEAD: "a fresh value head",
+               checkpoints.TRAINER_STATE: "a fresh optimizer, KL controller and reward "
+                                          "statistics",
+               checkpoints.METRICS: "no metrics from it"}
+    out = []
+    for name, why in dict(ckpt.damaged).items():
+        text = (f"checkpoint {checkpoint_id}: {name} cannot be read ({why}); this round "
+                f"continues from its adapter with {instead.get(name, 'that part fresh')} — "
+                "`reinf rollback` to its parent if you would rather not")
+        log.warning("%s (%s)", text, ckpt.path / name)
+        out.append(text)
+    return out
 
 
 def fresh_adapter(model, config, *, seed: int):

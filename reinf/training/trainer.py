@@ -24,7 +24,9 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    recorded, no files are kept, and it is never activated; after a KL rejection the next
    round from the same parent starts with at least twice the rejected round's kl_coef;
 6. writes the checkpoint atomically (adapter, value head, rating model, state), records and
-   activates it, applies retention, and finishes the run with its metrics.
+   activates it, applies retention, and finishes the run with its metrics. If a turn it
+   trained on (or the context of one) was forgotten while it ran, that same transaction
+   refuses: the run is ``rejected`` naming how many, and the files are removed.
 
 Any failure finishes the run as ``failed`` with a one-line reason and raises a ReinfError
 for the person; the traceback goes to ``<data_dir>/logs/trainer.log`` only.
@@ -123,6 +125,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                                        config.training.rating_model_max)
                                    if config.training.method == "rollouts"
                                    else config.ppo.replay_buffer_size)
+    read_at = datetime.now(timezone.utc)  # a forget after this is checked at promotion
     samples = rated[:config.ppo.replay_buffer_size]
     report({"stage": "rewards", "samples": len(samples)})
     rows = compute_rewards(config, samples, now=now)
@@ -204,8 +207,19 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         rating_model=plan.rating_model.state_dict() if plan.rating_model else None,
         base_model_name=config.model.model_path)
     metrics["seconds"] = time.perf_counter() - started
-    promote(config, store, run_id, ckpt_id, path, parent_id=session.parent_id,
-            metrics=metrics, samples=len(b))
+    # What the checkpoint learned from: the rated turns of the PPO batch and the gate, and
+    # every rating the rating model it carries was fitted on.
+    trained_on = {s.turn_id for s in samples}
+    if plan.rating_model is not None:
+        trained_on |= {s.turn_id for s in rated[:config.training.rating_model_max]}
+    record = promote(config, store, run_id, ckpt_id, path, parent_id=session.parent_id,
+                     metrics=metrics, samples=len(b), turn_ids=trained_on, read_at=read_at)
+    if record is not None and record.status == "rejected":
+        parent = session.parent_id or "the base model"
+        reason = record.metrics.get("rejected_reason", "turns forgotten while it ran")
+        metrics["rejected_reason"] = reason
+        return RoundResult(run_id, "rejected", metrics, ckpt_id,
+                           f"round rejected: {reason}; {parent} stays active")
     return RoundResult(run_id, "succeeded", metrics, ckpt_id,
                        f"round {counters['round']} ({plan.mode}): checkpoint {ckpt_id} is "
                        f"active ({len(b)} samples, reward_mean {metrics['reward_mean']:.3f}, "
@@ -353,13 +367,23 @@ def measure_fluency(session, samples, batch_size: int, limit: int = 32) -> dict[
 
 
 def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: str | None,
-            metrics: dict[str, Any], samples: int) -> None:
+            metrics: dict[str, Any], samples: int, turn_ids=(), read_at=None):
     """Record a written checkpoint, make it active and finish the run as succeeded, in one
     store transaction (a kill part-way never leaves an active checkpoint beside an
     unfinished run); then apply retention (the trainer's rounds and the benchmark's
-    baselines end the same way)."""
-    store.promote(run_id, ckpt_id, str(path), parent_id=parent_id,
-                  metrics=checkpoints.jsonable(metrics), samples=samples)
+    baselines end the same way). Returns the checkpoint's record.
+
+    ``turn_ids``: the rated turns it was trained on. When one of them was forgotten while the
+    round ran, the store refuses the promotion in that same transaction (the run is
+    rejected, naming how many) and the checkpoint's files are removed: they hold what it
+    learned from the forgotten text."""
+    record = store.promote(run_id, ckpt_id, str(path), parent_id=parent_id,
+                           metrics=checkpoints.jsonable(metrics), samples=samples,
+                           turn_ids=sorted(turn_ids), read_at=read_at)
+    if record is not None and record.status == "rejected":
+        checkpoints.remove_files(checkpoints.root_dir(config), Path(path))
+        log.warning("run %s: %s", run_id, record.metrics.get("rejected_reason"))
+        return record
     try:
         deleted = checkpoints.apply_retention(store, checkpoints.root_dir(config),
                                               config.ppo.keep_best)
@@ -371,6 +395,7 @@ def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: 
                          samples=samples, checkpoint_id=ckpt_id)
     log.info("run %s: checkpoint %s active; retention removed %s", run_id, ckpt_id,
              deleted or "nothing")
+    return record
 
 
 def gate(metrics: dict[str, Any], kl_max: float, max_perplexity_increase: float = math.inf

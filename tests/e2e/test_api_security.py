@@ -130,3 +130,76 @@ def test_an_oversize_body_from_urllib_is_a_json_413_not_a_reset(live, app, store
     assert store.counts()["turns"] == 0
     with urllib.request.urlopen(live.url + "/api/ping", timeout=10) as ok:  # still serving
         assert ok.status == 200
+
+
+def raw_chunked(port: int, path: str, total: int, *, end: bool = True,
+                then: bytes = b"") -> tuple[bytes, bytes]:
+    """POST ``total`` bytes to ``path`` as a chunked body over a raw socket (the last chunk
+    only if ``end``), then ``then`` on the same connection; (first response, the rest)."""
+    import json
+
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     "application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+        body = b'{"message": "' + b"x" * total
+        for start in range(0, len(body), 8192):
+            piece = body[start:start + 8192]
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        if end:
+            sock.sendall(b'3\r\n"}\n\r\n0\r\n\r\n' + then)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = sock.recv(65536)
+            assert more, f"closed without an answer after {data!r}"
+            data += more
+        head, rest = data.split(b"\r\n\r\n", 1)
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), None)
+        assert length is not None, data  # waitress's plain text is chunked, with no length
+        while len(rest) < length:
+            more = sock.recv(65536)
+            assert more, head
+            rest += more
+        first, rest = head + b"\r\n\r\n" + rest[:length], rest[length:]
+        if then:
+            sock.settimeout(10)
+            while b"\r\n\r\n" not in rest or not rest.rstrip().endswith(b"}"):
+                more = sock.recv(65536)
+                if not more:
+                    break
+                rest += more
+        json.loads(first.split(b"\r\n\r\n", 1)[1])  # JSON, not waitress's plain text
+        return first, rest
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+def test_an_oversize_chunked_body_is_a_json_413_naming_the_setting(config, store, fake_chat,
+                                                                    daemon, path):
+    """A chunked body (no Content-Length) past what waitress buffers got waitress's plain
+    text 413. It is Reinf's JSON 413 naming max_request_bytes: just over the limit, past
+    the buffer (the body is read and dropped, the connection stays usable), and far past
+    it (answered without the rest, then closed)."""
+    import json
+
+    from webui import create_app
+    from webui.server import BODY_MARGIN, DRAIN_FACTOR, BackgroundServer
+
+    limit = 4096
+    app = create_app(config.replace(max_request_bytes=limit), store=store, chat=fake_chat,
+                     daemon=daemon)
+    ping = b"GET /api/ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with BackgroundServer(app) as server:
+        for total, end in ((limit * 2, True), (limit + BODY_MARGIN + 20_000, True),
+                           (limit * DRAIN_FACTOR + BODY_MARGIN + 20_000, False)):
+            first, rest = raw_chunked(server.port, path, total, end=end,
+                                      then=ping if end else b"")
+            assert first.startswith(b"HTTP/1.1 413"), first[:300]
+            error = json.loads(first.split(b"\r\n\r\n", 1)[1])
+            error = error["error"] if path.startswith("/v1") else error
+            assert (error.get("key") or error.get("param")) == "max_request_bytes", error
+            assert f"the limit is {limit} bytes" in (error.get("error") or error["message"])
+            if end:  # the connection still serves the next request
+                assert rest.startswith(b"HTTP/1.1 200"), rest[:300]
+            else:
+                assert b"connection: close" in first.lower()
+    assert store.counts()["turns"] == 0

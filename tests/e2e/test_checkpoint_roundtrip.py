@@ -79,6 +79,33 @@ def test_round_trip_logits_value_head_and_state(home, model_dir, monkeypatch):
     assert (resumed - a.logits).abs().max() < 1e-6
 
 
+@pytest.mark.parametrize("damaged", [checkpoints.TRAINER_STATE, checkpoints.VALUE_HEAD])
+def test_a_damaged_state_file_is_named_and_the_round_starts_it_fresh(home, model_dir, damaged):
+    """Garbage in trainer_state.pt or value_head.safetensors of the active checkpoint: the
+    next round does not fail with the library's error; it continues from the adapter with
+    that part fresh, and a one-line warning in its metrics names the checkpoint and the
+    file."""
+    config = tk.train_config(home, model_dir)
+    store = Store.open(config)
+    tk.add_rated_turns(store, tk.load_policy(model_dir), 8, seed=0)
+    first = train_round(config, store)
+    (Path(store.get_checkpoint(first.checkpoint_id).path) / damaged).write_bytes(
+        b"\x00garbage, not a checkpoint file" * 7)
+    tk.add_rated_turns(store, tk.load_policy(model_dir), 8, seed=1)
+    after = train_round(config, store)
+    assert after.status == "succeeded", after.message
+    assert after.metrics["parent_id"] == first.checkpoint_id
+    assert after.metrics["round"] == first.metrics["round"] + 1  # counters from metrics.json
+    notes = [w for w in after.metrics["warnings"] if damaged in w]
+    assert len(notes) == 1 and first.checkpoint_id in notes[0] and "\n" not in notes[0]
+    run = store.list_runs()[0]
+    assert run.status == "succeeded" and not run.error
+    assert any(damaged in w for w in run.metrics["warnings"])
+    # the new checkpoint is whole again: the round after it warns of nothing
+    tk.add_rated_turns(store, tk.load_policy(model_dir), 8, seed=2)
+    assert not [w for w in train_round(config, store).metrics["warnings"] if "cannot be read" in w]
+
+
 def test_failed_rename_leaves_nothing_loadable_and_the_active_one(home, model_dir, monkeypatch):
     config = tk.train_config(home, model_dir)
     store = Store.open(config)

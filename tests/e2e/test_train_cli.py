@@ -86,7 +86,7 @@ def test_model_missing_and_hook_broken(home, tmp_path, model_dir, invoke):
     add_turns(config, model_dir, n=2)
     missing = invoke("train")
     assert missing.exit_code == EXIT_MODEL
-    assert "model missing" in missing.output and "reinf init" in missing.output
+    assert "model missing" in missing.output and "set model_path to a name" in missing.output
     config = write_config(home, model_dir)
     (home / "mapper.py").write_text("def reward_mapper(score, metadata):\n    return undefined\n")
     text = (home / "config.yaml").read_text() + f"reward_mapper: {home / 'mapper.py'}:reward_mapper\n"

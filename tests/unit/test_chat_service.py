@@ -112,6 +112,28 @@ def test_the_next_message_carries_the_conversation_so_far(service, store):
     assert second.prompt_ids == expected
 
 
+def test_a_turn_forgotten_while_its_conversation_generates_is_not_in_the_new_turn(config,
+                                                                                 store):
+    """Forget races: the first turn goes while the second reply is being generated. The
+    second turn's prompt held its text, so it is stored context_forgotten, without its
+    prompt ids, and never trained on."""
+    svc = ChatService(ScriptedEngine(config, delay=0.1), store, config)
+    first = svc.send("my secret is X")
+    store.rate(first.id, 5)
+    chat = svc.stream("and now a long reply", first.conversation_id)
+    next(iter(chat))  # generating
+    store.forget_turn(first.id)
+    turn = chat.wait(timeout=10)
+    assert turn.context_forgotten and turn.prompt_ids == []
+    stored = store.get_turn(turn.id)
+    assert stored.context_forgotten and stored.prompt_ids == []
+    store.rate(turn.id, 4)
+    assert store.training_samples(10) == []
+    # an untouched context is kept as it was
+    again = svc.send("next", first.conversation_id)
+    assert not again.context_forgotten and again.prompt_ids
+
+
 @pytest.mark.parametrize("message", ["", "   \n", None, 42])
 def test_empty_or_non_text_messages_are_refused(service, store, message):
     with pytest.raises(BadInput, match="empty"):

@@ -99,3 +99,32 @@ def test_forget_over_the_api_rederives_the_title(config, store, client):
     assert [c["title"] for c in listed] == ["the second question"]
     assert MARKER not in client.get(f"/api/conversations/{conv}").get_data(as_text=True)
     assert holding(config, MARKER) == []
+
+
+def test_a_reader_holding_a_transaction_delays_the_wal_scrub_and_forget_says_so(store, config,
+                                                                               filled, caplog):
+    """Forget races: another program (a second sqlite3 connection) holds a read transaction,
+    so wal_checkpoint(TRUNCATE) is busy. Forget does not wait the whole busy timeout, says
+    that the text stays in the WAL until that reader finishes, and empties it later."""
+    import sqlite3
+    import time
+
+    reader = sqlite3.connect(config.data_dir / "reinf.db", isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM turns").fetchone()  # the read transaction
+        started = time.monotonic()
+        result = store.forget_conversation(filled["conv"])
+        assert time.monotonic() - started < 5  # not the 15 s busy timeout
+        assert result["turns"] == 3
+        assert "another program is reading the database" in result["warning"]
+        assert "stays in the write-ahead log" in result["warning"]
+        assert "forgotten text is still in" in caplog.text
+        assert store.wal_pending
+        assert store.retry_scrub() is False  # still held
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+    assert store.retry_scrub() is True and not store.wal_pending  # the server's next tick
+    assert holding(config, MARKER) == []
+    assert "warning" not in store.forget_turn(store.history(limit=1)[0].id)

@@ -430,3 +430,40 @@ def test_a_hook_runs_under_memory_file_and_cpu_limits(hook, tmp_path):
                 "    open('big', 'wb').write(bytes(100 << 20))\n    return 0.0\n")
     with pytest.raises(HookError, match="exited|File too large|OSError"):
         run_simple(hook, hook.read_text())
+
+
+# --- a hook that quotes a rating's comment (forget must reach every record) -----------------
+
+def test_a_hook_error_never_quotes_a_ratings_comment_and_forget_scrubs_old_records(hooked, hook,
+                                                                                  store):
+    """Forget races: a hook failing on a comment (float(metadata["comment"])) used to put the
+    comment into the run's error, the logs, reward_hook_error.json and `reinf status`. The
+    error names the comment instead; records written before (or quoting a tag) are scrubbed
+    by the forget."""
+    secret = "my secret is X-4471"
+    write(hook, """\
+        def reward_mapper(score, metadata):
+            return float(metadata["comment"])
+        """)
+    conv = store.create_conversation().id
+    turn = store.append_turn(conv, "q?", "a reply", prompt_ids=[1, 2], reply_ids=[3, 4],
+                             logprobs=[-1.0, -1.0])
+    store.rate(turn.id, 2, comment=secret, tags=["private-tag-zz"])
+    with pytest.raises(HookError) as err:
+        compute_rewards(hooked, store.training_samples(10))
+    assert secret not in str(err.value)
+    assert f"[the comment of turn {turn.id}]" in str(err.value)
+    failure = hooked.data_dir / FAILURE_FILE
+    assert secret not in failure.read_text()
+    # records from before (or a message quoting the text some other way) are scrubbed
+    record = json.loads(failure.read_text())
+    record["message"] = f"ValueError: {secret!r} and private-tag-zz (for turn {turn.id})"
+    failure.write_text(json.dumps(record))
+    run = store.start_run("test")
+    store.finish_run(run.id, "failed", error=f"reward hook broken: {secret!r} private-tag-zz")
+    assert not hook_status(hooked)["ok"]
+    store.forget_turn(turn.id)
+    assert store.get_run(run.id).error == "reward hook broken: '[forgotten]' [forgotten]"
+    assert secret not in failure.read_text() and "private-tag-zz" not in failure.read_text()
+    assert json.loads(failure.read_text())["message"] == \
+        f"ValueError: '[forgotten]' and [forgotten] (for turn {turn.id})"

@@ -370,6 +370,47 @@ def test_promote_records_activates_and_finishes_the_run_in_one_transaction(store
     assert store.active_checkpoint().id == "c2"
 
 
+def test_a_round_that_trained_on_turns_forgotten_while_it_ran_is_not_promoted(config, store):
+    """Forget races: a round reads its rated turns, a turn (or the context of one) is
+    forgotten while it trains; the promotion refuses in its own transaction, the run is
+    rejected saying how many, the active checkpoint stays, and the files are removed."""
+    from reinf.training import checkpoints
+    from reinf.training.trainer import promote
+
+    conv = store.create_conversation().id
+    kept, lost, after = (add_turn(store, conv, msg=m) for m in ("a", "my secret is X", "b"))
+    other = add_turn(store)
+    for turn in (kept, lost, after, other):
+        store.rate(turn.id, 5)
+    first = store.start_run("test")
+    store.promote(first.id, "c1", "/ckpt/c1", parent_id=None, metrics={}, samples=1,
+                  turn_ids=[other.id])
+    run = store.start_run("test")
+    read_at = utcnow()
+    trained_on = [t.turn_id for t in store.training_samples(10)]
+    assert sorted(trained_on) == sorted([kept.id, lost.id, after.id, other.id])
+    store.forget_turn(lost.id)  # `after` loses its context too
+    add_turn(store)  # may take the forgotten turn's id again: not the turn trained on
+    path = checkpoints.root_dir(config) / "c2"
+    path.mkdir(parents=True)
+    (path / "adapter_model.safetensors").write_text("weights")
+    record = promote(config, store, run.id, "c2", path, parent_id="c1", metrics={"kl": 0.1},
+                     samples=4, turn_ids=trained_on, read_at=read_at)
+    assert record.status == "rejected" and not record.active
+    assert store.active_checkpoint().id == "c1"
+    assert store.get_checkpoint("c2").status == "rejected"
+    done = store.get_run(run.id)
+    assert done.status == "rejected"
+    assert done.error == ("2 of the turns this round trained on were forgotten while it ran; "
+                          "nothing was promoted")
+    assert not path.exists()
+    # a round whose turns are all still there is promoted as before
+    run = store.start_run("test")
+    record = store.promote(run.id, "c3", "/ckpt/c3", parent_id="c1", metrics={}, samples=2,
+                           turn_ids=[kept.id, other.id], read_at=utcnow())
+    assert record.active and store.get_run(run.id).status == "succeeded"
+
+
 def test_open_refuses_a_damaged_database_before_migrating(tmp_path):
     """PRAGMA quick_check at start-up: a database with a garbage page is one StoreError
     naming the file and both fixes, not a 500 on the first query that reads the page."""

@@ -254,6 +254,47 @@ def test_broken_reward_hook_gives_turns_and_hook_error(client, store, config, da
     assert "ZeroDivisionError" in data["hook_error"] and "broken.py" in data["hook_error"]
 
 
+def test_status_follows_config_yaml_edited_after_the_server_started(home, store, daemon):
+    """The trainer child reads config.yaml afresh each round: /api/status reports the reward
+    hook from the file as it is now (as `reinf status` does), says which changed settings
+    need a restart, and says in one line when the file no longer loads."""
+    from reinf.config import load_config
+    from reinf.status import collect_status
+    from webui import create_app
+
+    file = home / "config.yaml"
+    file.write_text("rewards:\n  critical_bonus: 0.5\n")
+    started = load_config(file, environ={"REINF_HOME": str(home)})
+    c = create_app(started, store=store, chat=None, daemon=daemon).test_client()
+    s = c.get("/api/status").get_json()
+    assert s["reward_hook"]["ok"] is True and s["config_changed"] is None
+
+    hook = home / "broken.py"
+    hook.write_text("def reward_mapper(score, metadata):\n    return 1 / 0\n")
+    file.write_text(f"model:\n  model_path: {home / 'another-model'}\nrewards:\n"
+                    f"  reward_mapper: '{hook}:reward_mapper'\n")
+    s = c.get("/api/status").get_json()
+    cli = collect_status(load_config(file, environ={"REINF_HOME": str(home)}), store)
+    assert cli["reward_hook"]["ok"] is False  # what `reinf status` says
+    assert s["reward_hook"]["ok"] is False and s["reward_hook"]["error"] == \
+        cli["reward_hook"]["error"] and "broken.py" in s["reward_hook"]["error"]
+    change = s["config_changed"]
+    assert change["restart_needed"] == ["model_path"]
+    assert "reward_mapper" in change["next_round"]
+    assert s["model"]["model_path"] == started.model.model_path  # what the server serves
+    notice = [w for w in s["warnings"] if "changed since the server started" in w]
+    assert len(notice) == 1 and "model_path" in notice[0] and "restart" in notice[0]
+    assert notice[0] == change["message"] and notice[0] in s["schedule"]["warnings"]
+    assert 'id="config-changed"' in c.get("/training").get_data(as_text=True)
+
+    file.write_text("rewards:\n  critical_bonus: [0.5\n")  # no longer YAML
+    r = c.get("/api/status")
+    assert r.status_code == 200
+    change = r.get_json()["config_changed"]
+    assert change["error"] and "line" in change["error"] and "\n" not in change["message"]
+    assert change["message"] in r.get_json()["warnings"]
+
+
 def test_a_reward_hook_runs_only_for_turns_it_has_not_mapped(store, config, daemon,
                                                               monkeypatch):
     from reinf import hooks

@@ -164,6 +164,31 @@ def test_a_round_held_elsewhere_is_not_started_twice(config, store):
     assert store.list_runs() == []
 
 
+def test_a_full_disk_at_the_start_of_a_round_does_not_leak_the_train_lock(config, store,
+                                                                         monkeypatch):
+    import errno
+
+    from reinf import lock as lock_mod
+    from reinf.errors import StoreError
+
+    real_pwrite = os.pwrite
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lock_mod.os, "pwrite", full)
+    with pytest.raises(StoreError) as err:
+        acquire_train_lock(config, trigger="manual")
+    assert str(err.value) == (f"no space left on device in {config.data_dir} — free some "
+                              "space, then try again")
+    outcome = make_runner(config, store, "succeed").run("request")  # "Train now", disk full
+    assert outcome.status == "failed" and "no space left on device" in outcome.message
+    assert "\n" not in outcome.message
+    monkeypatch.setattr(lock_mod.os, "pwrite", real_pwrite)  # space is back
+    outcome = make_runner(config, store, "succeed").run("request")
+    assert outcome.status == "succeeded", outcome.message
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_the_child_dies_with_a_killed_server(config, home, tmp_path):
     """kill -9 of the server must not leave a trainer that later activates a checkpoint."""

@@ -9,6 +9,11 @@
   let polling = null;
 
   function renderStatus(s) {
+    // config.yaml changed since the server started: what needs a restart, or that it no
+    // longer loads (the server says it in one line; null when nothing is wrong).
+    const change = (s.config_changed || {}).message || "";
+    $("config-changed").hidden = !change;
+    text($("config-changed"), change);
     text($("active-checkpoint"), s.active_checkpoint);
     $("rollback-parent").disabled = s.active_checkpoint === "base";
     text($("ratings-waiting"), `${s.ratings_waiting}` +
