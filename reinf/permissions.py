@@ -95,6 +95,10 @@ def tighten(data_dir: Path, db_file: Path | None = None) -> list[Path]:
     a path this user does not own is left as it is. Returns the paths changed."""
     if not POSIX or not data_dir.is_dir():
         return []
+    if not data_dir.stat().st_mode & stat.S_IWUSR:
+        # Read-only on purpose: every command stops with one line naming it (db.py), and
+        # the run after the person's `chmod u+rwx` tightens it. Never widen it here.
+        return []
     # REINF_HOME=$HOME would make the home directory 700: that is the person's call
     paths = [] if data_dir.resolve() == Path.home().resolve() else [data_dir]
     for name in ("logs", "checkpoints"):
@@ -114,12 +118,13 @@ def _tree(root: Path) -> list[Path]:
 
 
 def _make_private(path: Path, *, follow: bool) -> bool:
-    """chmod ``path`` to 700 (directory) or 600 (file) if group or others have any bit."""
+    """Take every group and other bit off ``path`` if it has any (755 -> 700, 644 -> 600);
+    the owner's own bits stay as they are."""
     try:
         st = path.stat() if follow else path.lstat()
         if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
             return False
-        os.chmod(path, PRIVATE_DIR if stat.S_ISDIR(st.st_mode) else PRIVATE_FILE)
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
     except FileNotFoundError:
         return False
     except OSError as exc:  # not ours (a shared directory): say so in the log, carry on

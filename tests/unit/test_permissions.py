@@ -148,3 +148,19 @@ def test_off_posix_nothing_is_changed(home, monkeypatch):
     monkeypatch.setattr(permissions, "POSIX", False)
     assert permissions.tighten(home) == [] and permissions.use_private_umask() is None
     assert mode(home) == 0o755
+
+
+def test_tightening_keeps_a_read_only_data_directory_read_only(tmp_path):
+    """A person who made the data directory 555 made it read-only on purpose: it stays as
+    it is (it once became 700, writable again, and the server started in it); every
+    command then stops with one line naming it (tests/e2e/test_faults.py)."""
+    from reinf.permissions import tighten
+
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o555)
+    try:
+        assert tighten(home) == [] and mode(home) == 0o555
+    finally:
+        home.chmod(0o755)
+    assert tighten(home) == [home] and mode(home) == 0o700  # writable: tightened as ever
