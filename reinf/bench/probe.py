@@ -1,11 +1,12 @@
 """What ``reinf bench learn`` measures about a policy besides its ratings.
 
-At the end of each window of ratings, the bench loads the active checkpoint beside a fresh
-copy of the base (``load_policy``) and measures, with no gradient:
+After every training round, the bench loads the active checkpoint beside a fresh copy of the
+base (``load_policy``) and measures, with no gradient:
 
 - **KL to the base**: the exact KL(policy || base) over the vocabulary at every reply
-  position of the probe replies (replies the current adapter sampled for fixed held-out
-  prompts with fixed seeds), per reply token, in nats, at their sampling temperature:
+  position of the probe replies (replies the current adapter sampled for fixed probe
+  prompts with fixed seeds; these prompts come from the same topic deck as the training
+  stream, so they are not held out: issue 22's prompt set is still to do), per reply token, in nats, at their sampling temperature:
   the trainer's own ``kl`` figure (``reinf.training.ppo.measure_kl``), on replies it never saw;
 - **perplexity** on the held-out slice of the demo corpus (``split_corpus``: prompts the
   demo model was never trained on), on the assistant tokens only, at temperature 1: the
