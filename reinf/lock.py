@@ -109,14 +109,9 @@ def try_lock(path: Path, info: dict[str, Any]) -> FileLock | None:
     """Lock ``path`` (created if missing) and write ``info`` into it; None if it is held."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # O_CLOEXEC (Python's default): no child inherits the lock by accident.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return None
-        raise
+    fd = _flock_exclusive(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+    if fd is None:
+        return None
     lock = FileLock(path, fd, {})
     try:
         lock.update(**info)
@@ -148,7 +143,12 @@ def read_info(path: Path) -> dict[str, Any]:
 
 def lock_directory(directory: Path) -> int | None:
     """An exclusive flock on ``directory`` itself: its descriptor, or None if it is held."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    return _flock_exclusive(os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)))
+
+
+def _flock_exclusive(fd: int) -> int | None:
+    """``fd`` with an exclusive flock taken without waiting; None (``fd`` closed) if another
+    process holds it. Any other error closes ``fd`` and is raised."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -93,3 +93,18 @@ def pg_server():
     server = pg.PgServer(pg.find_pg_bin()).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def clean_root():
+    """The root logger, put back as it was after the test (handlers the test added closed)."""
+    import logging
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    yield root
+    for handler in root.handlers:
+        if handler not in saved[0]:
+            handler.close()
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])

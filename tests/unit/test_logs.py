@@ -9,18 +9,6 @@ import pytest
 from reinf.logs import log_path, setup_logging
 
 
-@pytest.fixture
-def clean_root():
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    yield root
-    for handler in root.handlers:
-        if handler not in saved[0]:
-            handler.close()
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-
-
 def test_log_file_rotates_and_setup_is_idempotent(config, clean_root):
     cfg = config.replace(log_max_bytes=10_000, log_backups=2)
     path = setup_logging(cfg)

@@ -28,18 +28,6 @@ def umask_022():
     os.umask(previous)
 
 
-@pytest.fixture
-def clean_root():
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    yield root
-    for handler in root.handlers:
-        if handler not in saved[0]:
-            handler.close()
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-
-
 def test_the_store_makes_a_private_data_directory_and_database(config, capfd):
     from reinf.store import Store
 
