@@ -155,7 +155,7 @@ class ValueHead(nn.Module):
 class Step:
     """What one forward pass gives for the reply tokens."""
     logp: Tensor                    # (B, T) log-prob of each reply token
-    entropy: Tensor                 # (B, T) entropy of the tempered distribution
+    entropy: Tensor | None          # (B, T) entropy of the tempered distribution, if asked
     values: Tensor | None           # (B, T)
     scored: Scored | None = None    # the kept logits, when asked for (exact KL)
 
@@ -168,7 +168,7 @@ class Policy:
     detach_value: bool = True          # value loss trains the head only, never the adapter
 
     def forward(self, mb: Rollout, *, adapter: bool = True, values: bool = True,
-                full: bool = False, entropy_grad: bool = False) -> Step:
+                full: bool = False, entropy: bool = True, entropy_grad: bool = False) -> Step:
         device = mb.input_ids.device
         off = self.model.disable_adapter() if not adapter else contextlib.nullcontext()
         amp = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
@@ -177,7 +177,7 @@ class Policy:
             # The model's own forward, through the one scoring path the sampler agrees with.
             out = token_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.positions,
                                  mb.actions, mb.mask, mb.temperature, hidden=values,
-                                 entropy_grad=entropy_grad, keep_logits=full)
+                                 entropy=entropy, entropy_grad=entropy_grad, keep_logits=full)
         v = None
         if values:
             v = self.value_head(out.hidden.detach() if self.detach_value else out.hidden)
@@ -427,7 +427,7 @@ def evaluate(policy: Policy, b: Rollout, batch_size: int, *, adapter: bool = Tru
         for start in range(0, len(b), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(b)), device=b.mask.device)
             mb = b.select(idx)
-            out = policy.forward(mb, adapter=adapter, values=values)
+            out = policy.forward(mb, adapter=adapter, values=values, entropy=False)
             logp[idx, :out.logp.shape[1]] = out.logp * mb.mask
             if values:
                 vals[idx, :out.values.shape[1]] = out.values * mb.mask
@@ -441,8 +441,9 @@ def measure_kl(policy: Policy, b: Rollout, batch_size: int) -> Tensor:
         for start in range(0, len(b), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(b)), device=b.mask.device)
             mb = b.select(idx)
-            new = policy.forward(mb, values=False, full=True).scored
-            ref = policy.forward(mb, adapter=False, values=False, full=True).scored
+            new = policy.forward(mb, values=False, full=True, entropy=False).scored
+            ref = policy.forward(mb, adapter=False, values=False, full=True,
+                                 entropy=False).scored
             part = kl_per_token(new, ref, mb.temperature)                # (b, T)
             kl[idx, :part.shape[1]] = part * mb.mask
     return kl
