@@ -90,6 +90,9 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
         from reinf.bench.baselines import check_trl
         check_trl()
     rater = load_rater(plan.rater, seed=plan.seed)
+    from reinf.config import resolve_model_path
+    from reinf.modeling import check_model_path
+    check_model_path(resolve_model_path(config), config)  # before any temporary directory
     k = plan.train_after or config.schedule.train_after_ratings
     if k < 1:
         raise BadInput("train_after must be at least 1 (train_after_ratings is 0 = off)",
@@ -155,6 +158,7 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
     from reinf.store import Store
 
     home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{method}-"))
+    link_pulled_model(config, home)
     # the first version's method: rated replies only, the KL penalty in the return only
     extra = {"training_method": "rated", "kl_loss_coef": 0.0} if method == "rated" else {}
     cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=k,
@@ -173,6 +177,20 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
     else:
         runner = InlineRunner(cfg, store)
     return Context(method, cfg, store, engine, ChatService(engine, store, cfg), runner, home)
+
+
+def link_pulled_model(config, home: Path) -> None:
+    """A named model (``reinf pull``) lives in the person's data directory; the run's own
+    temporary one links to it, so the name (and the model's preset defaults) still apply."""
+    from reinf.models import KNOWN_MODELS, pulled_dir
+
+    name = config.model.model_path
+    if name in KNOWN_MODELS and KNOWN_MODELS[name].source is not None:
+        source = pulled_dir(config.data_dir, name)
+        if source.is_dir():
+            target = pulled_dir(home, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source.resolve(), target_is_directory=True)
 
 
 class InlineRunner:
