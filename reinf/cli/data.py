@@ -53,8 +53,8 @@ def undo(app, turn, as_json):
 def history(app, limit, conversation_id, rated, as_json):
     """Past turns, newest first, with their ratings."""
     if conversation_id is not None:
-        app.store.get_conversation(conversation_id)  # a clear error for an unknown id
-    turns = app.store.history(limit=limit, conversation_id=conversation_id, rated=rated)
+        app.reading_store().get_conversation(conversation_id)  # a clear error for an unknown id
+    turns = app.reading_store().history(limit=limit, conversation_id=conversation_id, rated=rated)
     emit([t.to_dict() for t in turns], as_json, _print_history)
 
 
@@ -129,7 +129,7 @@ def export(app, fmt, output):
     from reinf.export import export_rows
     from reinf.permissions import open_private
 
-    rows = export_rows(app.store, fmt)  # the store opens (and may fail) before the file
+    rows = export_rows(app.reading_store(), fmt)  # the store opens (and may fail) before the file
     if output == "-":
         for row in rows:
             click.echo(dump_json(row))

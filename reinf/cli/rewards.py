@@ -34,7 +34,7 @@ def preview(app, limit, as_json):
             "critics": weights, "critic_combine": settings["critic_combine"],
             "human_weight": settings["human_weight"]}
     try:
-        rows = build_preview(cfg, app.store, limit)
+        rows = build_preview(cfg, app.reading_store(), limit)
     except HookError as exc:
         if as_json:  # the JSON reader gets the error too, then the usual one line and exit 1
             click.echo(json.dumps({**head, "ok": False, "error": str(exc),

@@ -282,7 +282,7 @@ def _print_recovery(d):
 @click.pass_obj
 def checkpoints(app, as_json):
     """List adapter checkpoints; * marks the active one."""
-    rows = [c.to_dict() for c in app.store.list_checkpoints()]
+    rows = [c.to_dict() for c in app.reading_store().list_checkpoints()]
 
     def text(rows):
         if not rows:

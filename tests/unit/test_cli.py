@@ -152,7 +152,10 @@ def test_variables_set_for_other_programs_do_not_stop_status(invoke, seeded, hom
     assert not (home / "elsewhere.db").exists() and not (home / "elsewhere").exists()
 
 
-def test_status_never_creates_or_migrates_a_database(invoke, home, tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", [("status",), ("history",), ("export",), ("checkpoints",),
+                                     ("rewards", "preview")])
+def test_read_only_commands_never_create_or_migrate_a_database(invoke, home, tmp_path,
+                                                                monkeypatch, command):
     """A read-only command must not put Reinf's tables into a database db_url happens to
     point at (another application's, an empty one, an older Reinf's)."""
     import sqlite3
@@ -166,7 +169,7 @@ def test_status_never_creates_or_migrates_a_database(invoke, home, tmp_path, mon
                                                      "WHERE type = 'table'"))
 
     def one_line(*words):
-        result = invoke("status")
+        result = invoke(*command)
         assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
         for word in words:
             assert word in result.output, result.output
