@@ -50,19 +50,31 @@ def load_heldout(tokenizer, n: int = HELDOUT_ITEMS, seed: int = 0) -> Heldout:
     items = held[::step][:n]
     episodes, prompts, replies = [], [], []
     for item in items:
-        chat = [{"role": "user", "content": item["prompt"]},
-                {"role": "assistant", "content": item["reply"]}]
-        enc = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
-        ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
-        if 1 not in mask:
+        split = reply_tokens(tokenizer, item["prompt"], item["reply"])
+        if split is None:
             continue
-        first, last = mask.index(1), len(mask) - 1 - mask[::-1].index(1)
-        reply = ids[first:last + 1]
-        episodes.append((ids[:first], reply, [0.0] * len(reply), 1.0, 0.0, 1.0))
+        prompt_ids, reply = split
+        episodes.append((prompt_ids, reply, [0.0] * len(reply), 1.0, 0.0, 1.0))
         prompts.append(item["prompt"])
         replies.append(item["reply"])
     return Heldout(episodes, prompts, replies)
+
+
+def reply_tokens(tokenizer, prompt: str, reply: str) -> tuple[list[int], list[int]] | None:
+    """(prompt ids, reply ids) of a one-turn chat in the model's own template: the reply is
+    what the full chat adds after the prompt with its generation prompt. Any template works
+    (not only those that mark assistant tokens); None if the two do not share that prefix."""
+    user = [{"role": "user", "content": prompt}]
+    head = list(tokenizer.apply_chat_template(user, tokenize=True, add_generation_prompt=True,
+                                              return_dict=True)["input_ids"])
+    full = list(tokenizer.apply_chat_template(user + [{"role": "assistant", "content": reply}],
+                                              tokenize=True, return_dict=True)["input_ids"])
+    reply_ids = full[len(head):]
+    while reply_ids and not tokenizer.decode(reply_ids[-1:]).strip():
+        reply_ids.pop()  # the template's newline after the end-of-turn token
+    if full[:len(head)] != head or not reply_ids:
+        return None
+    return head, reply_ids
 
 
 def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | None = None):
