@@ -309,10 +309,24 @@ def _examples(now: datetime) -> list[Sample]:
     return out
 
 
-def _fingerprint(spec, sha: str, settings: Mapping[str, Any]) -> str:
-    blob = json.dumps([spec.text, str(spec.path), spec.function, sha, settings],
-                      sort_keys=True, default=str)
+def _fingerprint(spec, sha: str | None, settings: Mapping[str, Any]) -> str:
+    hook = None if spec is None else [spec.text, str(spec.path), spec.function, sha]
+    blob = json.dumps([hook, settings], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def mapper_fingerprint(config) -> str | None:
+    """The mapper's version: a hash of the hook file's bytes, its path and function, and
+    the rewards settings. Anything cached from the mapper's output (failures here, mapped
+    rewards in the web UI's history) is keyed by it, so an edit to the file or a setting
+    maps again. None when the hook cannot be read (the mapper then says why)."""
+    settings = rewards_settings(config)
+    try:
+        spec = hooks.parse_spec(settings["reward_mapper"], config.data_dir)
+        sha = None if spec is None else hooks.read_source(spec)[1]
+    except (HookError, OSError):
+        return None
+    return _fingerprint(spec, sha, settings)
 
 
 def _record_failure(config, key: str, exc: HookError) -> None:

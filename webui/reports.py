@@ -3,25 +3,23 @@ and ratings grouped by the checkpoint that produced each reply.
 
 A custom reward hook runs in a child process (reinf.hooks), so the rewards it gives are
 cached per rated turn: the history page runs the hook only for turns it has not mapped
-yet. An entry is keyed by the mapper's version (the hook file's path, mtime and size, the
-rewards settings, the database) and the rating (turn id, updated_at); editing the hook,
+yet. An entry is keyed by the mapper's version (a hash of the hook file's bytes and the
+rewards settings, and the database) and the rating (turn id, updated_at); editing the hook,
 changing a setting or re-rating a turn maps again. Entries also expire after
 REWARD_CACHE_SECONDS, because a rating's weight (and whatever a hook makes of
 ``age_days``) changes with time.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections import OrderedDict, defaultdict
 from typing import Any, Callable, Hashable, Sequence
 
-from reinf import hooks
-from reinf.errors import HookError, ReinfError
+from reinf.errors import ReinfError
 from reinf.records import Sample, TurnRecord
-from reinf.rewards import compute_rewards, rewards_settings
+from reinf.rewards import compute_rewards, mapper_fingerprint
 
 log = logging.getLogger("reinf.webui")
 
@@ -89,18 +87,12 @@ def _field(row: Any, name: str) -> Any:
 
 
 def mapper_version(config) -> tuple | None:
-    """What the mapped rewards depend on besides the rating: the database, the rewards
-    settings, and the hook file's path, mtime and size. None when the hook cannot be found
-    (compute_rewards then reports why, quickly and without a child process)."""
-    settings = rewards_settings(config)
-    try:
-        spec = hooks.parse_spec(settings["reward_mapper"], config.data_dir)
-        stat = spec.path.stat() if spec is not None else None
-    except (HookError, OSError):
-        return None
-    hook = None if spec is None else (str(spec.path), spec.function, stat.st_mtime_ns,
-                                      stat.st_size)
-    return config.db_url, json.dumps(settings, sort_keys=True, default=str), hook
+    """What the mapped rewards depend on besides the rating: the database and the mapper's
+    version (``reinf.rewards.mapper_fingerprint``: the hook file's bytes and the rewards
+    settings). None when the hook cannot be read (compute_rewards then reports why,
+    quickly and without a child process)."""
+    fingerprint = mapper_fingerprint(config)
+    return None if fingerprint is None else (config.db_url, fingerprint)
 
 
 def map_rewards(config, turns: Sequence[TurnRecord]) -> tuple[dict[int, dict], str | None]:

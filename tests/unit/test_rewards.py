@@ -216,9 +216,15 @@ def test_preview_cli_json(invoke, store, config):
     assert set(row) >= {"age", "age_seconds", "prompt", "response", "critical"}
 
 
-def test_preview_cli_with_no_ratings(invoke):
+def test_preview_cli_with_no_ratings(invoke, store):
     result = invoke("rewards", "preview")
     assert result.exit_code == 0 and "no rated turns yet" in result.output
+
+
+def test_preview_cli_before_any_database_says_so_and_creates_none(invoke, home):
+    result = invoke("rewards", "preview")
+    assert result.exit_code == 1 and "there is no Reinf database" in result.output
+    assert "reinf init" in result.output and not (home / "reinf.db").exists()
 
 
 def test_preview_cli_shows_critic_columns(invoke, store, home):
