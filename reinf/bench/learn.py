@@ -12,18 +12,31 @@ chat waits for it (in the daemon, replies keep coming from the old adapter meanw
 
 **The identical rating stream.** Every method (Reinf as configured, the same trainer on rated
 replies only, and the baselines of ``reinf.bench.baselines``) starts from the same base model in
-its own temporary data directory and gets, for one seed, the same prompts
-(``sample_prompts(seed, ratings)``), the same sampling seed for the i-th reply, the same rater
-(a fresh instance: the noisy rater flips the same rating positions) and the same schedule (a
-round after every ``train_after`` ratings). Each method rates its own on-policy replies, so
-until the first round all methods produce the same replies and ratings. ``seeds`` runs it all
-again on seed, seed + 1, ...; the report gives each figure's mean over seeds and its min-max.
+its own temporary data directory and gets, for one seed, the same prompts (that seed's
+training stream, ``reinf.bench.prompts``), the same sampling seed for the i-th reply, the
+same rater (a fresh instance: a noisy rater flips the same rating positions) and the same
+schedule (a round after every ``train_after`` ratings). Each method rates its own on-policy
+replies, so until the first round all methods produce the same replies and ratings. ``seeds``
+runs it all again on seed, seed + 1, ...; the report gives each figure's mean over seeds and
+its min-max.
 
-**The probe curve.** After every round, the active checkpoint answers the first ``probe`` of a
-fixed set of prompts (``sample_prompts(PROBE_SEED)``, reply j sampled with seed
-``PROBE_SEED + j``: the same for every round, method and seed) and a judge (the rater, seeded
-``PROBE_SEED``) rates them; the same pass measures KL to the base and held-out perplexity
-(``reinf.bench.probe``; about a quarter of the probe's time, so it runs per round too).
+**The prompts** (``reinf.bench.prompts.build_prompt_plan``). On a real model the training
+streams and the probe are the two sides of the built-in prompt set (or of ``--prompts``
+FILE, or ``--prompts`` and ``--probe-prompts``), split by a fixed rule on the normalised
+text. On the demo model the training streams stay the demo corpus's prompts
+(``sample_prompts(seed, ratings)``, as its figures always were) and the probe is the rest of
+the corpus's prompt space. Either way the probe is **held out**: no probe prompt, and no
+near-duplicate of one (the same normalised text), is a training prompt of the run, and on
+the demo model none is in the demo model's own training split; the plan checks it, and the
+report says how many overlaps it dropped (``prompts``).
+
+**The probe curve.** After every round, the active checkpoint answers the first ``probe`` of
+the probe prompts in their fixed order (repeated in order when there are fewer; sampled in
+batches of 16, block b with seed ``PROBE_SEED + b``: the same for every round, method and
+seed) and a judge
+(the rater, seeded ``PROBE_SEED``) rates them; the same pass measures KL to the base and
+perplexity on the demo corpus's held-out slice (``reinf.bench.probe``; about a quarter of
+the probe's time, so it runs per round too).
 "Ratings to target" reads this curve, not the live ratings: 64 fixed prompts have far less luck
 in them than a window of 16 live ratings, and "held" asks that the curve stay at or above the
 target from that round to the end of the run.
@@ -70,6 +83,8 @@ class LearnPlan:
     methods: tuple[str, ...] = ("reinf", "rated", "sft", "kto")
     child: bool = False
     keep: bool = False
+    prompts: str | None = None        # training prompts (.txt or .jsonl); None: built in
+    probe_prompts: str | None = None  # probe prompts; None: the other side of the split
 
 
 def say(text: str) -> None:
@@ -90,16 +105,21 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
         from reinf.bench.baselines import check_trl
         check_trl()
     rater = load_rater(plan.rater, seed=plan.seed)
-    from reinf.config import resolve_model_path
-    from reinf.modeling import check_model_path
-    check_model_path(resolve_model_path(config), config)  # before any temporary directory
     k = plan.train_after or config.schedule.train_after_ratings
     if k < 1:
         raise BadInput("train_after must be at least 1 (train_after_ratings is 0 = off)",
                        fix="pass --train-after 8")
     seeds = list(range(plan.seed, plan.seed + plan.seeds))
+    prompts = plan_prompts(config, plan, seeds)
+    from reinf.config import resolve_model_path
+    from reinf.modeling import check_model_path
+    check_model_path(resolve_model_path(config), config)  # before any temporary directory
+    info = prompts.info
+    progress(f"prompts: {info['train_prompts']} training ({info['train_source']}), "
+             f"{info['probe_prompts']} probe ({info['probe_source']}), disjoint; "
+             f"{info['overlaps_removed']} overlapping probe prompt(s) dropped")
     started = time.perf_counter()
-    shared: dict[str, Any] = {}
+    shared: dict[str, Any] = {"prompt_plan": prompts}
     runs: dict[str, list[dict]] = {m: [] for m in plan.methods}
     for seed in seeds:
         for method in plan.methods:
@@ -110,7 +130,9 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     methods = {m: {"label": label_of(m, config), "settings": settings_of(m, config),
                    **summarize_method(runs[m], plan, shared["base"])} for m in plan.methods}
     report = {
-        "benchmark": "learn", "rater": {"name": rater.name, "description": rater.description},
+        "benchmark": "learn", "rater": {"name": rater.name, "description": rater.description,
+                                        "unseen": rater.unseen},
+        "prompts": {**info, "probe_replies": max(plan.probe, plan.final_probe)},
         "plan": {**asdict(plan), "train_after": k}, "seeds": seeds, "machine": machine(),
         "model": shared["model"], "config": {s: dict(v) for s, v in config.to_dict().items()
                                              if s in ("lora", "ppo", "training", "schedule")},
@@ -119,6 +141,35 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     }
     report["goals"] = check_goals(report)
     return report
+
+
+def plan_prompts(config, plan: LearnPlan, seeds: list[int]):
+    """The run's training streams and its held-out probe (``reinf.bench.prompts``): the
+    demo model keeps its corpus's prompts for training, any other model uses the prompt set."""
+    from reinf.bench.prompts import build_prompt_plan
+    from reinf.config import DEMO_MODEL, resolve_model_path
+
+    path = resolve_model_path(config)
+    demo = Path(path).name == DEMO_MODEL
+    return build_prompt_plan(demo=demo, seeds=seeds, ratings=plan.ratings,
+                             prompts_file=plan.prompts, probe_file=plan.probe_prompts,
+                             model_dir=path if demo else None)
+
+
+def format_prompts(report: dict) -> str:
+    """The prompt lines of the text report: where training and probe prompts came from."""
+    p, rater = report["prompts"], report["rater"]
+    lines = [f"prompts: {p['train_prompts']} training ({p['train_source']}); "
+             f"{p['probe_prompts']} probe ({p['probe_source']}; up to {p['probe_replies']} "
+             "replies a measurement)",
+             f"  the probe is held out: no probe prompt (or near-duplicate) is a training "
+             f"prompt; {p['overlaps_removed']} overlapping probe prompt(s) dropped"]
+    if p.get("split"):
+        lines.append(f"  split: {p['split']}")
+    lines.append(f"rater {rater['name']}: " + (
+        "unseen (never used to choose a default)" if rater.get("unseen") else
+        "used to choose the defaults (raters.TUNED_ON), so not an unseen rater"))
+    return "\n".join(lines)
 
 
 def label_of(method: str, config) -> str:
@@ -235,7 +286,6 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
     import torch
 
     from reinf.bench.raters import load_rater
-    from reinf.demo.corpus import sample_prompts
     from reinf.scheduler import run_job, utcnow
 
     torch.manual_seed(seed)
@@ -245,7 +295,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         rater = load_rater(plan.rater, seed=seed)
         if "heldout" not in shared:
             prepare_shared(ctx, plan, shared)
-        probe = Probe(ctx, plan, shared)
+        probe = Probe(ctx, plan, shared, progress)
         if "base" not in shared:
             shared["base"] = probe.measure(max(plan.probe, plan.final_probe))
             shared["base_curve"] = probe.measure(plan.probe)
@@ -256,14 +306,14 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
             return adopt(ctx, ctx.runner.run(trigger, force=force))
 
         scores, preferred, loop = [], [], 0.0
-        for i, prompt in enumerate(sample_prompts(seed, plan.ratings)):
+        for i, prompt in enumerate(shared["prompt_plan"].streams[seed]):
             n = i + 1
             t0 = time.perf_counter()
             turn = ctx.chat.send(prompt, seed=seed * 100_003 + i)
             score = rater(prompt, turn.reply)
             ctx.store.rate(turn.id, score)
             scores.append(score)
-            preferred.append(rater.is_preferred(turn.reply, score))
+            preferred.append(rater.is_preferred(turn.reply, score, prompt=prompt))
             t1 = time.perf_counter()
             result = run_job("ratings", force=False, round_fn=round_fn, store=ctx.store,
                              now=utcnow, min_waiting=k)
@@ -322,35 +372,45 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
 
 def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
     """What every method and seed measures against: held-out corpus items and their ratings,
-    the probe prompts, and the model's name."""
+    the probe prompts (the plan's, in their fixed order, repeated to the size needed), and
+    the model's name."""
     from reinf.bench.probe import load_heldout
+    from reinf.bench.prompts import repeat_to
     from reinf.bench.raters import load_rater
-    from reinf.demo.corpus import sample_prompts
 
     heldout = load_heldout(ctx.engine.tokenizer, plan.heldout)
     judge = load_rater(plan.rater, seed=PROBE_SEED + 1)  # its own stream: held-out ratings
     shared["heldout"] = heldout
     shared["heldout_scores"] = [judge(p, r) for p, r in zip(heldout.prompts, heldout.replies)]
-    shared["heldout_preferred"] = [judge.is_preferred(r, s) for r, s in
-                                   zip(heldout.replies, shared["heldout_scores"])]
-    shared["probe_prompts"] = sample_prompts(PROBE_SEED, max(plan.probe, plan.final_probe))
+    shared["heldout_preferred"] = [judge.is_preferred(r, s, prompt=p) for p, r, s in
+                                   zip(heldout.prompts, heldout.replies,
+                                       shared["heldout_scores"])]
+    shared["probe_prompts"] = repeat_to(shared["prompt_plan"].probe,
+                                        max(plan.probe, plan.final_probe))
     shared["model"] = {"name": ctx.engine.model_name, "parameters":
                        sum(p.numel() for p in ctx.engine.model.parameters())}
 
 
 class Probe:
-    """The probe of one run: replies of the active checkpoint to the fixed probe prompts,
+    """The probe of one run: replies of the active checkpoint to the held-out probe prompts,
     rated by a judge, then KL, perplexity and predicted rewards (``reinf.bench.probe``).
 
-    Reply j is always sampled with seed ``PROBE_SEED + j`` and rated by the j-th call of
-    that checkpoint's judge, so a checkpoint's replies are cached and extended (64 per round,
-    128 at the end) and its figures are computed once per probe size; the base's are shared
-    by every method and seed."""
+    The replies are sampled in batches (``reinf.bench.probe.sample_probe``: block b of 16
+    prompts with seed ``PROBE_SEED + b``, so reply j is the same for every probe size) and
+    reply j is rated by the j-th call of that checkpoint's judge, so a checkpoint's replies
+    are cached and extended (64 per round, 128 at the end) and its figures are computed once
+    per probe size; the base's are shared by every method and seed."""
 
-    def __init__(self, ctx: Context, plan: LearnPlan, shared: dict):
+    def __init__(self, ctx: Context, plan: LearnPlan, shared: dict,
+                 progress: Callable[[str], None] | None = None):
         self.ctx, self.plan, self.shared = ctx, plan, shared
+        self.say = progress
         self.cache: dict[str | None, dict] = {None: shared.setdefault("base_probe", {})}
         self.generate_seconds = self.measure_seconds = 0.0
+
+    def progress(self, done: int, total: int) -> None:
+        if self.say is not None:
+            self.say(f"  probe: {done}/{total} replies")
 
     def measure(self, n: int) -> dict:
         active = self.ctx.store.active_checkpoint()
@@ -364,16 +424,17 @@ class Probe:
         return dict(entry["results"][n])
 
     def _measure(self, active, entry: dict, n: int) -> dict:
-        from reinf.bench.probe import load_policy, measure_policy, spearman, subset_perplexity
+        from reinf.bench.probe import (load_policy, measure_policy, sample_probe, spearman,
+                                       subset_perplexity)
 
         engine, replies, judge = self.ctx.engine, entry["replies"], entry["judge"]
         started = time.perf_counter()
-        for j in range(len(replies), n):
-            prompt = self.shared["probe_prompts"][j]
-            params = engine.generation_params(seed=PROBE_SEED + j)
-            reply = engine.stream_prompt(engine.build_prompt([], prompt), params).wait()
-            score = judge(prompt, reply.text)
-            replies.append((reply, score, judge.is_preferred(reply.text, score)))
+        if len(replies) < n:
+            for reply in sample_probe(engine, self.shared["probe_prompts"], len(replies), n,
+                                      seed=PROBE_SEED, progress=self.progress):
+                score = judge(reply.prompt, reply.text)
+                replies.append((reply, score, judge.is_preferred(reply.text, score,
+                                                                 prompt=reply.prompt)))
         measured = time.perf_counter()
         self.generate_seconds += measured - started
         probe = replies[:n]

@@ -4,10 +4,11 @@ After every training round, the bench loads the active checkpoint beside a fresh
 base (``load_policy``) and measures, with no gradient:
 
 - **KL to the base**: the exact KL(policy || base) over the vocabulary at every reply
-  position of the probe replies (replies the current adapter sampled for fixed probe
-  prompts with fixed seeds; these prompts come from the same topic deck as the training
-  stream, so they are not held out: issue 22's prompt set is still to do), per reply token, in nats, at their sampling temperature:
-  the trainer's own ``kl`` figure (``reinf.training.ppo.measure_kl``), on replies it never saw;
+  position of the probe replies (replies the current adapter sampled, with fixed seeds, for
+  the probe prompts: held out, i.e. no probe prompt or near-duplicate of one is a training
+  prompt of the run, nor, on the demo model, in its training split; see
+  ``reinf.bench.prompts``), per reply token, in nats, at their sampling temperature: the
+  trainer's own ``kl`` figure (``reinf.training.ppo.measure_kl``), on replies it never saw;
 - **perplexity** on the held-out slice of the demo corpus (``split_corpus``: prompts the
   demo model was never trained on), on the assistant tokens only, at temperature 1: the
   same figure the demo build reports (``heldout_perplexity``);
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -79,7 +80,8 @@ def reply_tokens(tokenizer, prompt: str, reply: str) -> tuple[list[int], list[in
 
 def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | None = None):
     """A Policy for measuring: a copy of the base with the checkpoint's adapter and value
-    head, or the bare base (zero value head) when ``checkpoint_path`` is None. ``cache``
+    head, or the bare base (zero value head) when ``checkpoint_path`` is None. A checkpoint
+    without a value head (an RLOO round trains none) gets the zero head too. ``cache``
     keeps the loaded base between calls (each call works on its own deep copy)."""
     import copy
 
@@ -99,7 +101,9 @@ def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | Non
     if checkpoint_path is not None:
         with quiet_peft():
             model = PeftModel.from_pretrained(model, str(checkpoint_path)).eval()
-        head.load_state_dict(load_file(str(Path(checkpoint_path) / VALUE_HEAD)))
+        head_file = Path(checkpoint_path) / VALUE_HEAD
+        if head_file.is_file():
+            head.load_state_dict(load_file(str(head_file)))
     return Policy(model, head.to(loaded.device))
 
 
@@ -141,3 +145,50 @@ def last_values(values: torch.Tensor, mask: torch.Tensor) -> list[float]:
     """values (B, T) at each row's last real reply token -> B floats."""
     last = (mask.sum(1).long() - 1).clamp_min(0)
     return [float(v) for v in values[torch.arange(len(last)), last]]
+
+
+# --- probe replies, sampled in batches --------------------------------------------------------
+
+PROBE_BLOCK = 16  # probe prompts sampled together; block b uses seed ``seed + b``
+
+
+@dataclass
+class ProbeReply:
+    """A probe reply, with what measuring it needs (the fields of the engine's replies)."""
+    prompt: str
+    text: str
+    prompt_ids: list[int]
+    reply_ids: list[int]
+    logprobs: list[float]
+    gen_params: dict
+
+
+def sample_probe(engine, prompts: Sequence[str], start: int, n: int, *, seed: int,
+                 progress: Callable[[int, int], None] | None = None) -> list[ProbeReply]:
+    """Replies ``start .. n - 1`` to ``prompts`` from the engine's model as it is (the
+    active adapter included), through the rollouts' batched sampler: whole blocks of
+    ``PROBE_BLOCK`` prompts, block b sampled with seed ``seed + b``, so reply j is the
+    same whatever probe size asked for it (replies beyond ``n`` in the last block are
+    sampled and dropped). Batched, a real model answers a 64-prompt probe several times
+    faster than one reply at a time."""
+    from reinf.training.rollouts import sample_rollouts
+
+    params = engine.generation_params()
+    out: list[ProbeReply] = []
+    first = start - start % PROBE_BLOCK
+    for block_start in range(first, n, PROBE_BLOCK):
+        block = list(prompts[block_start:block_start + PROBE_BLOCK])
+        ids = [engine.build_prompt([], p) for p in block]
+        with engine._lock:  # noqa: SLF001 - the bench is the engine's only user here
+            replies = sample_rollouts(engine.model, engine.tokenizer, ids, 1,
+                                      temperature=params["temperature"], top_p=params["top_p"],
+                                      max_new_tokens=params["max_new_tokens"],
+                                      seed=seed + block_start // PROBE_BLOCK,
+                                      batch_size=PROBE_BLOCK)
+        for j, (prompt, reply) in enumerate(zip(block, replies), start=block_start):
+            if start <= j < n:
+                out.append(ProbeReply(prompt, reply.text, list(reply.prompt_ids),
+                                      list(reply.reply_ids), list(reply.logprobs), params))
+        if progress:
+            progress(min(n, block_start + PROBE_BLOCK) - start, n - start)
+    return out

@@ -23,8 +23,19 @@ def _threads(threads: int | None, config) -> int:
 
 @bench.command()
 @click.option("--rater", default="prefers-terse", show_default=True,
-              help="Built-in rater (prefers-terse, prefers-chatty, prefers-bullets, "
-                   "prefers-plain, dislikes-questions, noisy) or FILE.py:function.")
+              help="Built-in rater or FILE.py:function. For the demo model's styles: "
+                   "prefers-terse, prefers-chatty, prefers-bullets, prefers-plain, "
+                   "dislikes-questions, noisy. Over real text (never used to tune a "
+                   "default): length-graded, bullets, no-question-back, no-exclamation, "
+                   "answer-first, formal, casual, gives-example, arithmetic, context-length, "
+                   "noisy-graded.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="Training prompts, .txt (one a line) or .jsonl ({\"prompt\": ...}) "
+                   "[default: the built-in set's training side; the demo corpus on the demo "
+                   "model]. Alone, it is split: about a quarter becomes the probe.")
+@click.option("--probe-prompts", "probe_file", type=click.Path(dir_okay=False), default=None,
+              help="Probe prompts, .txt or .jsonl; any that is also a training prompt "
+                   "(same text up to case, spaces and punctuation) is dropped.")
 @click.option("--ratings", type=click.IntRange(1), default=96, show_default=True,
               help="Ratings per method and seed.")
 @click.option("--train-after", type=click.IntRange(1), default=None,
@@ -58,19 +69,20 @@ def _threads(threads: int | None, config) -> int:
 @click.option("--keep", is_flag=True, help="Keep each run's temporary data directory.")
 @json_option
 @click.pass_obj
-def learn(app, rater, ratings, train_after, seed, seeds, model_path, baselines, window, target,
-          probe, final_probe, threads, plot_path, child, keep, as_json):
+def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
+          baselines, window, target, probe, final_probe, threads, plot_path, child, keep,
+          as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
     daemon does; the same trainer on rated replies only; then reward-weighted SFT and TRL's
     KTOTrainer; each on --seeds rating streams. After every round the policy answers --probe
-    fixed prompts: the rater's mean and preferred share there give the ratings to reach
-    --target (first, and held to the end). Also reports the live windows, KL to the base,
-    held-out perplexity, the rating model's Spearman and each round's mode. Progress goes to
-    stderr.
+    held-out prompts (never training prompts of the run): the rater's mean and preferred
+    share there give the ratings to reach --target (first, and held to the end). Also
+    reports the live windows, KL to the base, perplexity on the demo corpus's held-out
+    slice, the rating model's Spearman and each round's mode. Progress goes to stderr.
     """
-    from reinf.bench.learn import BASELINES, LearnPlan, run_learn
+    from reinf.bench.learn import BASELINES, LearnPlan, format_prompts, run_learn
     from reinf.bench.plot import format_table, save_plot
     from reinf.errors import BadInput
 
@@ -87,10 +99,11 @@ def learn(app, rater, ratings, train_after, seed, seeds, model_path, baselines, 
     plan = LearnPlan(rater=rater, ratings=ratings, train_after=train_after or 0, seed=seed,
                      seeds=seeds, window=window, target=target, probe=probe,
                      final_probe=final_probe, methods=("reinf", *chosen), child=child,
-                     keep=keep)
+                     keep=keep, prompts=prompts_file, probe_prompts=probe_file)
     report = run_learn(config, plan)
     report["plot"] = str(save_plot(report, plot_path))
-    emit(report, as_json, lambda r: click.echo(format_table(r) + f"\nplot: {r['plot']}"))
+    emit(report, as_json, lambda r: click.echo(
+        f"{format_table(r)}\n\n{format_prompts(r)}\nplot: {r['plot']}"))
 
 
 @bench.command()

@@ -1,0 +1,53 @@
+"""`reinf bench learn --prompts` on the demo model, tiny: the chat is fed the file's training
+side only, the probe is held out, and the report says so."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pytest
+
+from reinf.bench.prompts import in_probe, load_builtin, normalise
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_learn_trains_on_the_file_and_probes_on_held_out_prompts(invoke, tmp_path):
+    texts = [p.text for p in load_builtin()[::6]]
+    path = tmp_path / "mine.txt"
+    path.write_text("\n".join(texts) + "\n")
+    result = invoke("bench", "learn", "--json", "--threads", "1", "--plot", tmp_path / "p.png",
+                    "--prompts", path, "--rater", "answer-first", "--ratings", "4",
+                    "--train-after", "4", "--window", "4", "--probe", "2", "--final-probe",
+                    "3", "--seeds", "1", "--baselines", "none", "--keep")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    prompts = report["prompts"]
+    train = {normalise(t) for t in texts if not in_probe(t)}
+    probe = {normalise(t) for t in texts if in_probe(t)}
+    assert prompts["probe_disjoint"] is True and prompts["overlaps_removed"] >= 0
+    assert prompts["train_source"] == f"{path}, training side"
+    assert prompts["train_prompts"] == len(train) and prompts["probe_replies"] == 3
+    # the demo model's training split is kept out of the probe as well
+    assert prompts["probe_prompts"] == len(probe) - prompts["overlaps_removed_demo_split"]
+    assert report["rater"] == {"name": "answer-first", "description": report["rater"][
+        "description"], "unseen": True}
+    run = report["methods"]["reinf"]["seeds"][0]
+    try:
+        db = sqlite3.connect(f"{run['data_dir']}/reinf.db")
+        asked = [row[0] for row in db.execute("SELECT user_message FROM turns ORDER BY id")]
+        db.close()
+    finally:
+        shutil.rmtree(run["data_dir"], ignore_errors=True)
+    assert len(asked) == 4 and {normalise(a) for a in asked} <= train
+    assert not {normalise(a) for a in asked} & probe
