@@ -72,9 +72,9 @@ NOISE = 0.2   # the noisy rater is right 80% of the time
 SLIP = 0.1    # the noisy-graded rater is off by one 10% of the time
 # The raters used to choose the defaults: kl_loss_coef (0.05, measured on all seven) and
 # RLOO over GAE (prefers-terse and no_bang_q), docs/benchmarks.md. length_graded and
-# no_bang_q are the two in docs/benchmarks/unseen_raters.py, named as --rater names them.
+# no_bang_q are the two in docs/benchmarks/tuning_raters.py, named as --rater names them.
 TUNED_ON = ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
-            "dislikes-questions", "unseen_raters.py:length_graded", "unseen_raters.py:no_bang_q")
+            "dislikes-questions", "tuning_raters.py:length_graded", "tuning_raters.py:no_bang_q")
 DERIVED = {"noisy": "prefers-terse"}   # rates with a tuned rater's rule, so it is not unseen
 
 

@@ -38,7 +38,7 @@ def test_new_raters_are_unseen_and_the_tuning_raters_are_not():
     for name in ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
                  "dislikes-questions", "noisy"):
         assert not load_rater(name).unseen, name
-    tuned = PROJECT_ROOT / "docs" / "benchmarks" / "unseen_raters.py"
+    tuned = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
     for function in ("length_graded", "no_bang_q"):
         rater = load_rater(f"{tuned}:{function}")
         assert rater.name in TUNED_ON and not rater.unseen

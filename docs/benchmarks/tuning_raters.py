@@ -1,4 +1,6 @@
-"""Two raters the project never tuned on (the kinds of preference the issue describes)."""
+"""Two file raters that were used to choose the defaults (kl_loss_coef, RLOO): tuning
+data, so never reported as unseen (reinf.bench.raters.TUNED_ON). Run with
+``--rater docs/benchmarks/tuning_raters.py:length_graded``."""
 
 
 def length_graded(prompt, reply):
