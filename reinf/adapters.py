@@ -3,11 +3,14 @@
 ``Adapters`` keeps at most two adapters in the model: the active one and the one before
 it (for rollback); older ones are deleted to bound memory. "Base" (checkpoint id None)
 means adapter layers disabled, so the reference policy needs no second model copy.
+``borrowed`` serves one reply with another adapter (``reinf compare``), then puts the
+active one back; an adapter loaded only for it is deleted after it.
 Nothing here locks: the engine calls it only while it holds its lock, between replies.
 """
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,21 +81,53 @@ class Adapters:
         if checkpoint_id != self.active:
             self.previous, self.active = self.active, checkpoint_id
             self.can_rollback = True
-        for ckpt, name in list(self.names.items()):
+        for ckpt in list(self.names):
             if ckpt not in (self.active, self.previous):
-                self.peft.delete_adapter(name)
-                del self.names[ckpt]
+                self._drop(ckpt)
         self._apply()  # each call walks every module (peft), so only once
 
-    def _apply(self) -> None:
-        """Make the model's PEFT state match ``self.active``."""
+    @contextmanager
+    def borrowed(self, checkpoint_id: str | None, peft_config: Any = None,
+                 state_dict: dict | None = None):
+        """Inside the block the model serves ``checkpoint_id`` (None: the bare base) instead
+        of the active adapter; after it, the active one again. One not loaded yet is added
+        from ``peft_config`` and ``state_dict`` (see ``read_adapter``) and deleted after
+        the block, so the active and previous adapters stay as they were."""
+        guest = checkpoint_id not in self
+        if guest:
+            if state_dict is None:
+                raise ModelError(f"checkpoint {checkpoint_id} is not loaded")
+            self.add(checkpoint_id, peft_config, state_dict)
+        try:
+            self._apply(checkpoint_id)
+            yield
+        finally:
+            if guest:
+                self._drop(checkpoint_id)
+            self._apply()
+
+    def _drop(self, checkpoint_id: str) -> None:
+        """Delete a loaded adapter from the model. PEFT's active adapter moves to another one
+        first (deleting the active one warns); the last adapter stays loaded, unused."""
+        name = self.names[checkpoint_id]
+        others = [n for c, n in self.names.items() if c != checkpoint_id]
+        if not others:
+            return
+        if name in self.peft.active_adapters:
+            self.peft.set_adapter(others[0], inference_mode=True)
+        self.peft.delete_adapter(name)
+        del self.names[checkpoint_id]
+
+    def _apply(self, serving: str | None = ...) -> None:
+        """Make the model's PEFT state serve ``serving`` (default: ``self.active``)."""
         if self.peft is None:
             return
+        serving = self.active if serving is ... else serving
         lora = self.peft.base_model
-        if self.active is None or self.active not in self.names:
+        if serving is None or serving not in self.names:
             lora.disable_adapter_layers()
         else:
-            self.peft.set_adapter(self.names[self.active], inference_mode=True)
+            self.peft.set_adapter(self.names[serving], inference_mode=True)
             lora.enable_adapter_layers()
 
 

@@ -15,6 +15,12 @@ a later change of the config never rewrites what earlier turns were generated wi
 change only while the conversation has no turns. The engine puts it first in every prompt,
 so the stored prompt ids (what training replays) hold it.
 
+Alternatives: ``stream_again(turn_id)`` samples another reply to the message of a
+conversation's last turn, from the same context, stored in the same slot (the same index;
+see reinf.schema.Turn); by default it becomes the picked one, which the conversation
+continues from. ``pick(turn_id)`` picks another and records the person's preference
+(reinf.store.Store.pick_alternative).
+
 Messages to one conversation are handled one at a time (its history must include the
 previous turn); different conversations only queue at the engine. Thread-safe.
 """
@@ -25,8 +31,8 @@ import threading
 from typing import Any, Iterator
 
 from reinf.config import Config, model_display_name
-from reinf.errors import BadInput
-from reinf.records import ConversationRecord, TurnRecord
+from reinf.errors import BadInput, Conflict
+from reinf.records import ConversationRecord, PairRecord, TurnRecord
 from reinf.store import check_system_prompt
 
 GENERATION_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
@@ -49,6 +55,8 @@ class ChatStream:
         self._turn: TurnRecord | None = None
         self._shown: str | None = None  # what the person saw of it, when stop() was told
         self.context_turn_ids: list[int] = []  # the earlier turns in its prompt
+        self.slot: int | None = None  # an alternative's index (None: a new turn)
+        self.picked = True            # an alternative becomes the picked one
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._reply_stream)
@@ -112,7 +120,8 @@ class ChatStream:
                     model=model_display_name(self._service.engine.model_name),
                     gen_params=gen_params,
                     ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
-                    interrupted=reply.interrupted, context_turn_ids=self.context_turn_ids)
+                    interrupted=reply.interrupted, context_turn_ids=self.context_turn_ids,
+                    slot=self.slot, picked=self.picked)
         finally:
             self._service._release(self.conversation_id)
 
@@ -201,12 +210,7 @@ class ChatService:
         has no turns yet, when it replaces it (Conflict otherwise)."""
         message = self.check_message(message)
         wanted = self.check_system_prompt(system_prompt)
-        unknown = set(generation) - set(GENERATION_KEYS)
-        if unknown:
-            raise BadInput(f"unknown generation setting {sorted(unknown)[0]!r}",
-                           fix="use " + ", ".join(GENERATION_KEYS))
-        params = self.engine.generation_params(
-            **{k: v for k, v in generation.items() if v is not None})
+        params = self._params(generation)
         if conversation_id is not None:
             self.store.get_conversation(conversation_id)  # NotFound before waiting on a lock
             self._acquire(conversation_id)
@@ -247,6 +251,57 @@ class ChatService:
     def send(self, message: str, conversation_id: int | None = None,
              **generation: Any) -> TurnRecord:
         return self.stream(message, conversation_id, **generation).wait()
+
+    def stream_again(self, turn_id: int, *, picked: bool = True, stream_id: str | None = None,
+                     **generation: Any) -> ChatStream:
+        """Another reply to the message of ``turn_id``, the last turn of its conversation (or
+        an alternative of it), from the same context: stored as an alternative in its slot.
+        ``picked``: it becomes the turn the conversation continues from (the default: it is
+        the reply the person sees last). NotFound for an unknown turn; Conflict when the
+        conversation went on after it."""
+        params = self._params(generation)
+        turn = self.store.get_turn(turn_id)  # NotFound before waiting on a lock
+        conversation_id = turn.conversation_id
+        self._acquire(conversation_id)
+        try:
+            path = self.store.conversation_turns(conversation_id)  # now that no reply runs
+            if path and path[-1].index > turn.index:
+                raise Conflict(f"turn {turn_id} is not the last of its conversation; only the "
+                               "last reply can be sampled again (later turns continue from it)",
+                               fix="regenerate the last reply of the conversation")
+            context = [t for t in path if t.index < turn.index and t.reply]
+            conv = self.store.get_conversation(conversation_id)
+            prompt_ids = self.engine.build_prompt(
+                [(t.user_message, t.reply) for t in context], turn.user_message,
+                max_new_tokens=params["max_new_tokens"], system=conv.system_prompt)
+            chat = ChatStream(self, conversation_id, turn.user_message, stream_id)
+            chat.context_turn_ids = [t.id for t in context]
+            chat.slot, chat.picked = turn.index, picked
+            chat._reply_stream = self.engine.stream_prompt(prompt_ids, params,
+                                                           on_finish=chat._store)
+        except BaseException:
+            self._release(conversation_id)
+            raise
+        return chat
+
+    def pick(self, turn_id: int) -> tuple[TurnRecord, list[PairRecord]]:
+        """Make ``turn_id`` the alternative its conversation continues from, and store the
+        person's preference for it over each other alternative (``regenerate`` pairs); waits
+        for a reply to that conversation that is still running."""
+        conversation_id = self.store.get_turn(turn_id).conversation_id
+        self._acquire(conversation_id)
+        try:
+            return self.store.pick_alternative(turn_id)
+        finally:
+            self._release(conversation_id)
+
+    def _params(self, generation: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(generation) - set(GENERATION_KEYS)
+        if unknown:
+            raise BadInput(f"unknown generation setting {sorted(unknown)[0]!r}",
+                           fix="use " + ", ".join(GENERATION_KEYS))
+        return self.engine.generation_params(
+            **{k: v for k, v in generation.items() if v is not None})
 
     def _acquire(self, conversation_id: int) -> None:
         with self._locks_guard:

@@ -105,6 +105,29 @@ class HttpBackend:
     def forget(self, turn_id: int) -> None:
         self.request("DELETE", f"/api/turns/{int(turn_id)}")
 
+    def send_again(self, turn_id: int) -> "HttpReply":
+        response = self.request("POST", f"/api/turns/{int(turn_id)}/again",
+                                {"stream": True, **self.generation}, stream=True,
+                                timeout=REPLY_TIMEOUT_SECONDS)
+        return HttpReply(self, response)
+
+    def pick(self, turn_id: int) -> dict:
+        return self.request("POST", f"/api/turns/{int(turn_id)}/pick", {})
+
+    # --- reinf compare -----------------------------------------------------------------
+
+    def compare(self, prompt: str, *, checkpoint: str | None = None, blind: bool = True) -> dict:
+        """``POST /api/compare``: the comparison (compare_id, replies by slot, blind)."""
+        body: dict[str, Any] = {"prompt": prompt, "blind": blind, **self.generation}
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint
+        return self.request("POST", "/api/compare", body, timeout=REPLY_TIMEOUT_SECONDS)
+
+    def pick_compare(self, compare_id: str, winner: str) -> dict:
+        """``POST /api/compare/<id>/pick``: the comparison revealed, with its stored pairs."""
+        return self.request("POST", f"/api/compare/{compare_id}/pick",
+                            {"winner": winner, "reveal": True})
+
 
 class HttpReply:
     """A reply streaming from the server (``reinf.repl.ReplyHandle``).

@@ -2,9 +2,13 @@
 
 Each reply runs in its own thread under the engine's lock, so replies are serialised and
 an adapter swap (which takes the same lock) lands only between two replies: a reply never
-mixes two adapters. Tokens come from ``reinf.sampling.decode`` (a batch of one), the
-same decoder the trainer's rollouts use, so each reply records its exact prompt and reply
-token ids and each sampled token's behaviour log-probability, and can stop between tokens.
+mixes two adapters. A reply may ask for another adapter than the active one (``borrow``:
+the bare base or another checkpoint, for ``reinf compare``); it is put in place for that
+reply alone, under the same lock, and the active one is back before the next reply.
+
+Tokens come from ``reinf.sampling.decode`` (a batch of one), the same decoder the
+trainer's rollouts use, so each reply records its exact prompt and reply token ids and each
+sampled token's behaviour log-probability, and can stop between tokens.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from reinf.sampling import decode, eos_token_ids
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "Reply", "ReplyStream"]
+__all__ = ["Borrowed", "Engine", "Reply", "ReplyStream"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,15 @@ class ReplyStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass
+class Borrowed:
+    """An adapter for some replies instead of the active one (``Engine.borrow``): None is
+    the bare base. Weights read from disk outside the lock, put in place under it."""
+    checkpoint_id: str | None
+    peft_config: Any = None
+    state_dict: dict | None = None
 
 
 @dataclass
@@ -247,30 +260,38 @@ class Engine:
         return self.stream_prompt(prompt_ids, params, on_finish=on_finish)
 
     def stream_prompt(self, prompt_ids: Sequence[int], params: dict[str, Any], *,
-                      on_finish=None, ignore_eos: bool = False) -> ReplyStream:
+                      on_finish=None, ignore_eos: bool = False,
+                      adapter: Borrowed | None = None) -> ReplyStream:
         """Start a reply to ready prompt ids with checked ``params`` (see generation_params).
 
         ``on_finish(reply, error)`` runs in the reply's thread once it ended, after the engine
         lock is released. ``ignore_eos`` (benchmarks) samples exactly max_new_tokens tokens.
+        ``adapter`` (see ``borrow``): this reply comes from it instead of the active adapter.
         """
         started = time.perf_counter()
         prompt = [int(i) for i in prompt_ids]
         if len(prompt) + params["max_new_tokens"] > self.context_limit:
             raise BadInput(f"prompt of {len(prompt)} tokens plus {params['max_new_tokens']} new "
                            f"ones exceeds the model's context of {self.context_limit} tokens")
-        return ReplyStream(lambda s: self._run(s, prompt, params, started, ignore_eos),
+        return ReplyStream(lambda s: self._run(s, prompt, params, started, ignore_eos, adapter),
                            on_finish=on_finish)
 
     def generate(self, history: Sequence[tuple[str, str]], message: str, **params) -> Reply:
         return self.stream(history, message, **params).wait()
 
     def _run(self, stream: ReplyStream, prompt: list[int], params: dict, started: float,
-             ignore_eos: bool) -> Reply:
+             ignore_eos: bool, adapter: Borrowed | None = None) -> Reply:
         try:
             with self._lock:
                 self._apply_pending()
                 try:
-                    return self._sample(stream, prompt, params, started, ignore_eos)
+                    if adapter is None:
+                        return self._sample(stream, prompt, params, started, ignore_eos,
+                                            self._adapters.active)
+                    with self._adapters.borrowed(adapter.checkpoint_id, adapter.peft_config,
+                                                 adapter.state_dict):
+                        return self._sample(stream, prompt, params, started, ignore_eos,
+                                            adapter.checkpoint_id)
                 finally:
                     self._apply_pending()  # a swap requested during this reply lands now
         except (torch.OutOfMemoryError, MemoryError) as exc:
@@ -287,11 +308,11 @@ class Engine:
 
     @torch.inference_mode()
     def _sample(self, stream: ReplyStream, prompt: list[int], params: dict, started: float,
-                ignore_eos: bool) -> Reply:
+                ignore_eos: bool, checkpoint_id: str | None) -> Reply:
+        """``checkpoint_id``: the adapter in place, fixed for the whole reply (a swap needs
+        the lock this reply holds)."""
         temperature, top_p = params["temperature"], params["top_p"]
         max_new = params["max_new_tokens"]
-        # Fixed for the whole reply: a swap needs the lock this reply holds.
-        checkpoint_id = self._adapters.active
         gen = torch.Generator(device=self.device)
         if params.get("seed") is not None:
             gen.manual_seed(params["seed"])
@@ -332,6 +353,28 @@ class Engine:
                      latency_ms=(time.perf_counter() - started) * 1000,
                      interrupted=finish == "interrupted", gen_params=dict(params),
                      finish_reason=finish)
+
+    def borrow(self, checkpoint_id: str | None, path: str | Path | None = None) -> Borrowed:
+        """The adapter of ``checkpoint_id`` (a PEFT adapter in ``path``; None: the bare base)
+        for ``stream_prompt(adapter=...)``. Its weights are read now, outside the lock; a
+        broken checkpoint raises ModelError."""
+        if checkpoint_id is None:
+            return Borrowed(None)
+        if path is None:
+            if checkpoint_id not in self._adapters:
+                raise BadInput(f"checkpoint {checkpoint_id} is not loaded; give its directory")
+            return Borrowed(checkpoint_id)
+        return Borrowed(checkpoint_id, *read_adapter(Path(path), checkpoint_id))
+
+    def rating_features(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]):
+        """The rating model's features (reinf.training.rating_model.reply_features) of
+        (prompt_ids, reply_ids) pairs: from the base model, its adapter off, under the engine
+        lock (between two replies, as a swap)."""
+        from reinf.training.rating_model import reply_features
+
+        with self._lock:
+            with self._adapters.borrowed(None):
+                return reply_features(self.model, pairs)
 
     # --- adapters -------------------------------------------------------------------
 

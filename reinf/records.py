@@ -52,6 +52,11 @@ class TurnRecord:
     rating: RatingRecord | None = None
     user_id: str = "local"
     system_prompt: str | None = None   # the conversation's, which the prompt starts with
+    # Alternatives: the turns of one conversation with the same index answer the same
+    # message; the picked one is on the conversation's path. ``alternatives``: how many
+    # turns the slot holds (1: this one alone).
+    picked: bool = True
+    alternatives: int = 1
 
     def to_dict(self, tokens: bool = False) -> dict[str, Any]:
         out = {"turn_id": self.id, "conversation_id": self.conversation_id, "index": self.index,
@@ -61,7 +66,8 @@ class TurnRecord:
                "ttft_ms": self.ttft_ms, "latency_ms": self.latency_ms,
                "interrupted": self.interrupted,
                "rating": self.rating.to_dict() if self.rating else None,
-               "system_prompt": self.system_prompt}
+               "system_prompt": self.system_prompt, "picked": self.picked,
+               "alternatives": self.alternatives}
         if tokens:
             out.update(prompt_ids=self.prompt_ids, reply_ids=self.reply_ids,
                        logprobs=self.logprobs, gen_params=self.gen_params)
@@ -82,6 +88,46 @@ class ConversationRecord:
         return {"conversation_id": self.id, "title": self.title, "user_id": self.user_id,
                 "created_at": iso(self.created_at), "updated_at": iso(self.updated_at),
                 "turns": self.turns, "system_prompt": self.system_prompt}
+
+
+@dataclass(frozen=True)
+class PairRecord:
+    """A pairwise preference (reinf.schema.Pair). A side is a stored turn (``a_turn_id``) or
+    text only (``a_text``); ``a_text`` is filled from the turn when it is one."""
+    id: int
+    created_at: datetime
+    source: str                     # compare | regenerate
+    outcome: str                    # a | b | tie | both_bad
+    blind: bool
+    prompt: str
+    conversation_id: int | None
+    prompt_turn_id: int | None
+    a_turn_id: int | None
+    b_turn_id: int | None
+    a_text: str
+    b_text: str
+    a_checkpoint_id: str | None     # None: the bare base model
+    b_checkpoint_id: str | None
+    details: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    a_reply_ids: list[int] = field(default_factory=list, repr=False)
+    b_reply_ids: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def winner(self) -> str | None:
+        """"a" or "b"; None for a tie or both bad."""
+        return self.outcome if self.outcome in ("a", "b") else None
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(turn_id, text, checkpoint_id) -> dict[str, Any]:
+            return {"turn_id": turn_id, "text": text, "checkpoint_id": checkpoint_id or "base"}
+        return {"pair_id": self.id, "created_at": iso(self.created_at), "source": self.source,
+                "outcome": self.outcome, "blind": self.blind, "prompt": self.prompt,
+                "conversation_id": self.conversation_id,
+                "prompt_turn_id": self.prompt_turn_id,
+                "a": side(self.a_turn_id, self.a_text, self.a_checkpoint_id),
+                "b": side(self.b_turn_id, self.b_text, self.b_checkpoint_id),
+                "details": dict(self.details)}
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,16 @@ HELP = """commands:
   /history      this conversation's turns and ratings
   /rate N [TAGS] rate the last reply N (1-5), tags comma-separated: /rate 2 too long,wrong
   /undo         remove the last rating made in this session
+  /again        sample another reply to your last message (kept beside the first)
+  /pick N       reply N (1, 2, ... as /again numbered them) is the better one: the
+                conversation continues from it, and your preference is stored
   /paste        send several lines as one message (end with a line holding only ".")
   /quit         leave (also Ctrl-D, or Ctrl-C twice)
 Ctrl-C stops a reply; the part you saw is kept (nothing, if nothing appeared yet).
 At a prompt Ctrl-C clears the line. End a line with \\ to go on on the next one.
 Start a message with // to send a leading /."""
 LEAVE_HINT = "(Ctrl-C again or Ctrl-D to leave)"
+PICK_PROMPT = "which is better, 1-{n}? (Enter: no preference, reply {n} continues): "
 MORE_PROMPT = "...> "
 
 
@@ -58,6 +62,12 @@ class Backend(Protocol):
     def history(self, conversation_id: int, limit: int = 20) -> list[dict]: ...  # oldest first
     def new_conversation(self) -> int | None: ...     # None: the next message starts one
     def forget(self, turn_id: int) -> None: ...       # delete a turn for good
+    # another reply to the message of turn_id (its conversation's last), stored beside it as
+    # an alternative, which the conversation continues from
+    def send_again(self, turn_id: int) -> ReplyHandle: ...
+    # turn_id continues its conversation, preferred over the other alternatives of its slot:
+    # {"turn": the turn, "pairs": [PairRecord.to_dict(), ...]}
+    def pick(self, turn_id: int) -> dict: ...
 
 
 class _LocalHandle:
@@ -109,6 +119,13 @@ class LocalBackend:
     def forget(self, turn_id: int) -> None:
         self.store.forget_turn(turn_id)
 
+    def send_again(self, turn_id: int) -> ReplyHandle:
+        return _LocalHandle(self.service.stream_again(turn_id))
+
+    def pick(self, turn_id: int) -> dict:
+        turn, pairs = self.service.pick(turn_id)
+        return {"turn": turn.to_dict(), "pairs": [p.to_dict() for p in pairs]}
+
 
 def parse_rating(line: str) -> tuple[int, list[str]]:
     """``"4 too long,wrong"`` -> ``(4, ["too long", "wrong"])``; BadInput otherwise."""
@@ -131,6 +148,7 @@ class Repl:
         self.out = out or sys.stdout
         self.last_turn: dict | None = None
         self.rated: list[int] = []   # turns rated in this session, newest last (for /undo)
+        self.slot: list[dict] = []   # the replies to the last message, as /again numbers them
 
     def say(self, text: str = "", end: str = "\n") -> None:
         """Print a line; it may hold stored text (a reply, a tag), so escapes are stripped."""
@@ -221,13 +239,20 @@ class Repl:
     def chat(self, message: str) -> dict | None:
         """Send one message, stream the reply; Ctrl-C at any point of it (before or after
         the first token) stops only the reply. Returns the stored turn."""
+        extra = {} if self.system_prompt is None else {"system_prompt": self.system_prompt}
+        turn = self.stream_reply(
+            lambda: self.backend.send_stream(message, self.conversation_id, **extra))
+        if turn is not None:
+            self.slot = [turn]
+        return turn
+
+    def stream_reply(self, start: Callable[[], ReplyHandle]) -> dict | None:
+        """Start a reply with ``start()`` and stream it (see ``chat``)."""
         try:
             # Building the prompt or waiting for the server can take a moment; a Ctrl-C
             # then is held until the reply exists and stops it, as one after a token does.
             with held_interrupt() as pressed:
-                extra = {} if self.system_prompt is None else \
-                    {"system_prompt": self.system_prompt}
-                handle = self.backend.send_stream(message, self.conversation_id, **extra)
+                handle = start()
         except KeyboardInterrupt:  # pressed twice while it was starting
             self.say("\n[stopped before the reply started]")
             return None
@@ -316,6 +341,7 @@ class Repl:
         elif name == "/new":
             self.conversation_id = self.backend.new_conversation()
             self.last_turn = None
+            self.slot = []
             self.say("new conversation")
         elif name == "/history":
             self.show_history()
@@ -331,9 +357,62 @@ class Repl:
             self.rate(self.last_turn["turn_id"], score, tags)
         elif name == "/undo":
             self.undo()
+        elif name == "/again":
+            return self.again()
+        elif name == "/pick":
+            if not arg.strip().isdigit():
+                self.say("usage: /pick N, N a reply's number as /again showed it")
+                return None
+            self.pick(int(arg.strip()))
         else:
             self.say(f"unknown command {name} — /help lists them")
         return None
+
+    def again(self):
+        """/again: another reply to the last message, streamed and kept beside the others;
+        then the person picks the better one (Enter: none; the newest continues)."""
+        if not self.slot:
+            self.say("nothing to sample again — send a message first")
+            return None
+        turn = self.stream_reply(lambda: self.backend.send_again(self.slot[-1]["turn_id"]))
+        if turn is None:
+            return None
+        self.slot.append(turn)
+        n = len(self.slot)
+        self.say(f"[reply {n} of {n}, turn {turn['turn_id']}; the conversation continues from "
+                 "it unless you pick another]")
+        while True:
+            line = self.prompt(PICK_PROMPT.format(n=n))
+            if line is None:
+                return self.QUIT
+            line = line.strip()
+            if not line:
+                return None
+            if line.startswith("/"):
+                return self.command(line)
+            if line.isdigit():
+                self.pick(int(line))
+                return None
+            self.say(f"type a reply's number, 1 to {n}, or press Enter to go on")
+
+    def pick(self, number: int) -> None:
+        if not self.slot:
+            self.say("nothing to pick yet — send a message, then /again")
+            return
+        if not 1 <= number <= len(self.slot):
+            self.say(f"there {'is' if len(self.slot) == 1 else 'are'} {len(self.slot)} "
+                     f"repl{'y' if len(self.slot) == 1 else 'ies'} to the last message; pick "
+                     f"one from 1 to {len(self.slot)}")
+            return
+        try:
+            result = self.backend.pick(self.slot[number - 1]["turn_id"])
+        except ReinfError as exc:
+            self.say(f"error: {exc}")
+            return
+        self.last_turn = result["turn"]
+        others = [str(i) for i in range(1, len(self.slot) + 1) if i != number]
+        self.say(f"reply {number} continues the conversation"
+                 + (f", preferred over {', '.join(others)}" if others else ""))
 
     def undo(self) -> None:
         if not self.rated:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import numpy as np
-from sqlalchemy import (JSON, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Integer,
-                        LargeBinary, String, Text, UniqueConstraint)
+from sqlalchemy import (JSON, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Index,
+                        Integer, LargeBinary, String, Text, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -70,8 +70,16 @@ class Conversation(Base):
 
 
 class Turn(Base):
+    """One reply to one message. Turns that share a conversation and an ``index`` are
+    alternatives of one slot (the same message, replies sampled again); exactly one of them,
+    the ``picked`` one, is on the conversation's path: later prompts hold its reply."""
     __tablename__ = "turns"
-    __table_args__ = (UniqueConstraint("conversation_id", "index", name="uq_turn_position"),)
+    __table_args__ = (
+        Index("uq_turn_position", "conversation_id", "index", unique=True,
+              sqlite_where=text("picked"), postgresql_where=text("picked")),
+        # Ids are never given twice, even after the newest turn is forgotten: a client's
+        # chatcmpl-<id>, or a round's list of turns, must never name another turn.
+        {"sqlite_autoincrement": True})
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     conversation_id: Mapped[int] = mapped_column(
         ForeignKey("conversations.id", ondelete="CASCADE"), index=True, nullable=False)
@@ -91,6 +99,8 @@ class Turn(Base):
     # Set when an earlier turn of the conversation was forgotten: this turn's prompt
     # tokens held that text, so they were erased and the turn is never trained on.
     context_forgotten: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    # On the conversation's path (the alternative its later turns continue from).
+    picked: Mapped[bool] = mapped_column(Boolean, default=True, nullable=False)
     conversation: Mapped[Conversation] = relationship(back_populates="turns")
     rating: Mapped["Rating | None"] = relationship(back_populates="turn", uselist=False,
                                                    cascade="all, delete-orphan",
@@ -99,7 +109,8 @@ class Turn(Base):
 
 class Rating(Base):
     __tablename__ = "ratings"
-    __table_args__ = (CheckConstraint("score BETWEEN 1 AND 5", name="ck_rating_score"),)
+    __table_args__ = (CheckConstraint("score BETWEEN 1 AND 5", name="ck_rating_score"),
+                      {"sqlite_autoincrement": True})
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     turn_id: Mapped[int] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"),
                                          unique=True, nullable=False)
@@ -111,6 +122,50 @@ class Rating(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, nullable=False,
                                                  index=True)
     turn: Mapped[Turn] = relationship(back_populates="rating")
+
+
+PAIR_OUTCOMES = ("a", "b", "tie", "both_bad")
+PAIR_SOURCES = ("compare", "regenerate")
+
+
+class Pair(Base):
+    """A pairwise preference: two replies to one prompt, and which one the person preferred.
+
+    A side is a stored turn (``a_turn_id``: an alternative from regenerate) or, for replies
+    that were never turns (``reinf compare``), its text and token ids in this row. Rows go
+    with the turns and conversation they name (ON DELETE CASCADE); forget removes the
+    text-only ones whose prompt was the forgotten message too (reinf.store)."""
+    __tablename__ = "pairs"
+    __table_args__ = (
+        CheckConstraint("outcome IN ('a', 'b', 'tie', 'both_bad')", name="ck_pair_outcome"),
+        CheckConstraint("source IN ('compare', 'regenerate')", name="ck_pair_source"),
+        CheckConstraint("a_turn_id IS NOT NULL OR a_text IS NOT NULL", name="ck_pair_a"),
+        CheckConstraint("b_turn_id IS NOT NULL OR b_text IS NOT NULL", name="ck_pair_b"),
+        {"sqlite_autoincrement": True})
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, nullable=False)
+    source: Mapped[str] = mapped_column(String(20), nullable=False)      # compare | regenerate
+    outcome: Mapped[str] = mapped_column(String(10), nullable=False)     # a | b | tie | both_bad
+    blind: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    prompt: Mapped[str] = mapped_column(Text, nullable=False)            # the user message
+    conversation_id: Mapped[int | None] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    # The turn whose prompt (message and context) both replies answer, when there is one.
+    prompt_turn_id: Mapped[int | None] = mapped_column(
+        ForeignKey("turns.id", ondelete="CASCADE"), index=True)
+    a_turn_id: Mapped[int | None] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"),
+                                                  index=True)
+    b_turn_id: Mapped[int | None] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"),
+                                                  index=True)
+    a_text: Mapped[str | None] = mapped_column(Text)
+    b_text: Mapped[str | None] = mapped_column(Text)
+    a_checkpoint_id: Mapped[str | None] = mapped_column(String(64))   # None: the bare base
+    b_checkpoint_id: Mapped[str | None] = mapped_column(String(64))
+    prompt_ids: Mapped[bytes | None] = mapped_column(LargeBinary)     # int32 LE, text sides
+    a_reply_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    b_reply_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # Anything else worth keeping: predicted scores, generation settings, the compare id.
+    details: Mapped[dict] = mapped_column(JSON, default=dict, nullable=False)
 
 
 class TrainingRun(Base):

@@ -13,20 +13,21 @@ import re
 import time
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from sqlalchemy import Text, cast, delete, func, select, text, update
+from sqlalchemy import Text, and_, cast, delete, exists, func, not_, or_, select, text, update
 from sqlalchemy.exc import DataError, OperationalError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, aliased, selectinload
 
 from reinf import db
 from reinf.errors import BadInput, Conflict, NotFound, StoreError
 from reinf.hooks import FORGOTTEN, MIN_REDACTED
 from reinf.permissions import secure_data_dir
-from reinf.records import (CheckpointRecord, ConversationRecord, RatingRecord, RunRecord, Sample,
-                           TurnRecord)
-from reinf.schema import (Checkpoint, Conversation, Rating, TrainingRun, Turn, pack_floats,
-                          pack_ids, unpack_floats, unpack_ids, utcnow)
+from reinf.records import (CheckpointRecord, ConversationRecord, PairRecord, RatingRecord,
+                           RunRecord, Sample, TurnRecord, iso)
+from reinf.schema import (PAIR_OUTCOMES, PAIR_SOURCES, Checkpoint, Conversation, Pair, Rating,
+                          TrainingRun, Turn, pack_floats, pack_ids, unpack_floats, unpack_ids,
+                          utcnow)
 
 MAX_TAGS = 20
 MAX_TAG_CHARS = 64
@@ -235,10 +236,13 @@ class Store:
                              .limit(limit).offset(offset)).all()
             return [_conversation(c, n) for c, n in rows]
 
-    def conversation_turns(self, conversation_id: int) -> list[TurnRecord]:
-        """The conversation's turns, oldest first (the engine builds its context from these)."""
+    def conversation_turns(self, conversation_id: int, *,
+                           alternatives: bool = False) -> list[TurnRecord]:
+        """The conversation's turns, oldest first: its path, the picked turn of each slot (the
+        engine builds its context from these); with ``alternatives``, every turn."""
         self.get_conversation(conversation_id)
-        return self.history(conversation_id=conversation_id, limit=None, oldest_first=True)
+        return self.history(conversation_id=conversation_id, limit=None, oldest_first=True,
+                            picked=None if alternatives else True)
 
     # --- turns ------------------------------------------------------------------------
 
@@ -248,11 +252,17 @@ class Store:
                     model: str = "", gen_params: dict | None = None,
                     ttft_ms: float | None = None, latency_ms: float | None = None,
                     interrupted: bool = False,
-                    context_turn_ids: Sequence[int] | None = None) -> TurnRecord:
+                    context_turn_ids: Sequence[int] | None = None,
+                    slot: int | None = None, picked: bool = True) -> TurnRecord:
         """Store a turn. ``context_turn_ids``: the earlier turns whose text went into its
         prompt. One forgotten while the reply was generated (it is gone now) makes the new
         turn ``context_forgotten``, as forget does for the turns after the one it deletes:
-        its prompt tokens are not kept and it is never trained on."""
+        its prompt tokens are not kept and it is never trained on.
+
+        ``slot``: the index of the conversation's last turn, for another reply to its message
+        (an alternative; Conflict if the conversation went on meanwhile). ``picked``: the new
+        turn becomes the slot's picked one, the one later turns continue from; a new slot's
+        first turn is always picked."""
         if len(logprobs) != len(reply_ids):
             raise BadInput(f"{len(logprobs)} log-probs for {len(reply_ids)} reply tokens")
         if not all(math.isfinite(x) for x in logprobs):
@@ -265,8 +275,18 @@ class Store:
             conv = s.get(Conversation, conversation_id, with_for_update=True)
             if conv is None:
                 raise NotFound(f"no conversation {conversation_id}")
-            index = (s.scalar(select(func.max(Turn.index))
-                              .where(Turn.conversation_id == conversation_id)) or 0) + 1
+            last = s.scalar(select(func.max(Turn.index))
+                            .where(Turn.conversation_id == conversation_id)) or 0
+            index, first = last + 1, True
+            if slot is not None:
+                if slot < last:
+                    raise Conflict(f"conversation {conversation_id} went on after that reply; "
+                                   "only the last reply of a conversation can have "
+                                   "alternatives", fix="regenerate the last reply")
+                index, first = slot, slot > last
+                if picked or first:  # one picked turn per slot
+                    s.execute(update(Turn).where(Turn.conversation_id == conversation_id,
+                                                 Turn.index == index).values(picked=False))
             forgotten = False
             if context_turn_ids:  # in this transaction: a forget commits before or after it
                 wanted = set(context_turn_ids)
@@ -279,13 +299,16 @@ class Store:
                         reply_ids=pack_ids(reply_ids), context_forgotten=forgotten,
                         logprobs=pack_floats(logprobs), checkpoint_id=checkpoint_id,
                         model=model, gen_params=gen_params or {}, ttft_ms=ttft_ms,
-                        latency_ms=latency_ms, interrupted=interrupted)
+                        latency_ms=latency_ms, interrupted=interrupted,
+                        picked=picked or first)
             s.add(turn)
             conv.updated_at = utcnow()
             if not conv.title:
                 conv.title = title_of(user_message)
             s.flush()
-            return _turn(turn, conv.user_id)
+            n = 1 if first else s.scalar(select(func.count()).where(
+                Turn.conversation_id == conversation_id, Turn.index == index))
+            return _turn(turn, conv.user_id, alternatives=n)
 
     def cut_reply(self, turn_id: int, reply: str, reply_ids: Sequence[int],
                   logprobs: Sequence[float]) -> TurnRecord:
@@ -310,7 +333,8 @@ class Store:
                                                  selectinload(Turn.conversation)])
             if turn is None:
                 raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
-            return _turn(turn)
+            return _turn(turn, alternatives=_slot_sizes(s, [turn])[turn.conversation_id,
+                                                                   turn.index])
 
     def last_turn(self) -> TurnRecord | None:
         with self._session(write=False) as s:
@@ -392,20 +416,166 @@ class Store:
             s.delete(rating)
             return record
 
+    # --- alternatives and pairs -------------------------------------------------------
+
+    def alternatives(self, turn_id: int) -> list[TurnRecord]:
+        """Every turn of ``turn_id``'s slot (its conversation and index), oldest first: the
+        replies to the same message; one of them is ``picked``."""
+        turn = self.get_turn(turn_id)
+        return [t for t in self.history(conversation_id=turn.conversation_id, limit=None,
+                                        oldest_first=True) if t.index == turn.index]
+
+    def pick_alternative(self, turn_id: int, *,
+                         record: bool = True) -> tuple[TurnRecord, list[PairRecord]]:
+        """Make ``turn_id`` the picked turn of its slot, the one the conversation continues
+        from, and (``record``) the person's preference: a ``regenerate`` pair of it against
+        each other alternative (picking again replaces the outcome of a pair already there).
+        Only the last slot of a conversation can change its pick (Conflict otherwise: later
+        turns were generated after the picked one); re-picking the picked turn of an earlier
+        slot records the pairs and changes nothing else."""
+        with self._session(write=True) as s:
+            turn = s.get(Turn, turn_id, with_for_update=True)
+            if turn is None:
+                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            last = s.scalar(select(func.max(Turn.index))
+                            .where(Turn.conversation_id == turn.conversation_id))
+            if not turn.picked and turn.index < last:
+                raise Conflict(f"turn {turn_id} is an alternative of an earlier reply; the "
+                               "conversation went on from another one, so it cannot be picked "
+                               "now", fix="pick among the alternatives of the last reply")
+            others = s.scalars(select(Turn).where(
+                Turn.conversation_id == turn.conversation_id, Turn.index == turn.index,
+                Turn.id != turn.id).order_by(Turn.id)).all()
+            if not turn.picked:
+                s.execute(update(Turn).where(Turn.conversation_id == turn.conversation_id,
+                                             Turn.index == turn.index).values(picked=False))
+                s.flush()
+                turn.picked = True
+            pairs = []
+            for other in others if record else ():
+                pair = s.scalar(select(Pair).where(
+                    Pair.source == "regenerate",
+                    or_(and_(Pair.a_turn_id == turn.id, Pair.b_turn_id == other.id),
+                        and_(Pair.a_turn_id == other.id, Pair.b_turn_id == turn.id))))
+                if pair is None:
+                    pair = Pair(source="regenerate", blind=False, prompt=turn.user_message,
+                                conversation_id=turn.conversation_id, a_turn_id=turn.id,
+                                b_turn_id=other.id, a_checkpoint_id=turn.checkpoint_id,
+                                b_checkpoint_id=other.checkpoint_id, details={})
+                    s.add(pair)
+                pair.outcome = "a" if pair.a_turn_id == turn.id else "b"
+                pair.created_at = utcnow()
+                pairs.append(pair)
+            conv = s.get(Conversation, turn.conversation_id)
+            conv.updated_at = utcnow()
+            s.flush()
+            texts = {turn.id: turn.reply, **{o.id: o.reply for o in others}}
+            records = [_pair(p, texts) for p in pairs]
+        return self.get_turn(turn_id), records
+
+    def add_pair(self, prompt: str, outcome: str, **fields: Any) -> PairRecord:
+        """Store a pairwise preference (see ``add_pairs``)."""
+        return self.add_pairs([dict(fields, prompt=prompt, outcome=outcome)])[0]
+
+    def add_pairs(self, rows: Sequence[dict[str, Any]]) -> list[PairRecord]:
+        """Store pairwise preferences, all or none. Each row: ``prompt``, ``outcome`` (a, b,
+        tie, both_bad), ``source`` (compare, regenerate; default compare), ``blind``, and a
+        side each: ``a_turn_id`` (a stored turn; its checkpoint is the turn's) or ``a_text``
+        with ``a_checkpoint_id`` (None: base) and ``a_reply_ids``; the same for ``b``.
+        ``prompt_turn_id``: the turn whose prompt both replies answer, ``prompt_ids`` its ids;
+        the pair goes when that turn is forgotten, and one already gone is NotFound here, so
+        no forgotten text comes back. ``details``: a JSON object kept with it."""
+        checked = [_check_pair(dict(row)) for row in rows]
+        with self._session(write=True) as s:
+            out = []
+            for row in checked:
+                turns = {}
+                for turn_id in {row["a_turn_id"], row["b_turn_id"], row["prompt_turn_id"]} - {None}:
+                    turn = s.get(Turn, turn_id)
+                    if turn is None:
+                        raise NotFound(f"no turn {turn_id} (forgotten?)",
+                                       fix="see `reinf history` for turn ids")
+                    turns[turn_id] = turn
+                for side in ("a", "b"):
+                    if row[f"{side}_turn_id"] is not None:
+                        row[f"{side}_checkpoint_id"] = turns[row[f"{side}_turn_id"]].checkpoint_id
+                conversation_id = next((turns[t].conversation_id for t in (
+                    row["prompt_turn_id"], row["a_turn_id"], row["b_turn_id"]) if t in turns),
+                    None)
+                pair = Pair(conversation_id=conversation_id, **{
+                    k: (pack_ids(v) if v else None) if k in PAIR_ID_FIELDS else v
+                    for k, v in row.items()})
+                s.add(pair)
+                s.flush()
+                out.append(_pair(pair, {t.id: t.reply for t in turns.values()}))
+            return out
+
+    def list_pairs(self, *, limit: int | None = 50, source: str | None = None,
+                   outcome: str | None = None, conversation_id: int | None = None,
+                   turn_id: int | None = None, checkpoint_id: str | None = ...,
+                   since: datetime | None = None) -> list[PairRecord]:
+        """Pairs, newest first. Filters: ``source``, ``outcome``, ``conversation_id``,
+        ``turn_id`` (either side, or the prompt's turn), ``checkpoint_id`` (either side;
+        None: the base), ``since``."""
+        if source is not None and source not in PAIR_SOURCES:
+            raise BadInput(f"source must be one of {', '.join(PAIR_SOURCES)}", key="source")
+        if outcome is not None and outcome not in PAIR_OUTCOMES:
+            raise BadInput(f"outcome must be one of {', '.join(PAIR_OUTCOMES)}", key="outcome")
+        query = select(Pair).order_by(Pair.id.desc()).limit(limit)
+        if source is not None:
+            query = query.where(Pair.source == source)
+        if outcome is not None:
+            query = query.where(Pair.outcome == outcome)
+        if conversation_id is not None:
+            query = query.where(Pair.conversation_id == conversation_id)
+        if turn_id is not None:
+            query = query.where(or_(Pair.a_turn_id == turn_id, Pair.b_turn_id == turn_id,
+                                    Pair.prompt_turn_id == turn_id))
+        if checkpoint_id is not ...:
+            query = query.where(or_(Pair.a_checkpoint_id == checkpoint_id,
+                                    Pair.b_checkpoint_id == checkpoint_id)
+                                if checkpoint_id is not None else
+                                or_(Pair.a_checkpoint_id.is_(None),
+                                    Pair.b_checkpoint_id.is_(None)))
+        if since is not None:
+            query = query.where(Pair.created_at >= since)
+        with self._session(write=False) as s:
+            pairs = s.scalars(query).all()
+            ids = {i for p in pairs for i in (p.a_turn_id, p.b_turn_id) if i is not None}
+            texts = dict(s.execute(select(Turn.id, Turn.reply).where(Turn.id.in_(ids))).all()) \
+                if ids else {}
+            return [_pair(p, texts) for p in pairs]
+
+    def recent_prompts(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The person's recent distinct messages, newest first, each with the newest turn
+        that holds it: ``{"prompt", "turn_id", "conversation_id", "created_at"}`` (for the
+        compare page's picker)."""
+        newest = (select(func.max(Turn.id).label("id")).group_by(Turn.user_message)
+                  .subquery())
+        query = (select(Turn.id, Turn.user_message, Turn.conversation_id, Turn.created_at)
+                 .join(newest, newest.c.id == Turn.id).order_by(Turn.id.desc()).limit(limit))
+        with self._session(write=False) as s:
+            return [{"prompt": message, "turn_id": turn_id, "conversation_id": cid,
+                     "created_at": iso(created)}
+                    for turn_id, message, cid, created in s.execute(query).all()]
+
     # --- queries ----------------------------------------------------------------------
 
     def history(self, *, limit: int | None = 20, conversation_id: int | None = None,
                 rated: bool | None = None, min_score: int | None = None,
                 max_score: int | None = None, tag: str | None = None,
                 since: datetime | None = None, until: datetime | None = None,
-                oldest_first: bool = False) -> list[TurnRecord]:
+                oldest_first: bool = False, picked: bool | None = None) -> list[TurnRecord]:
         """Turns with their ratings, newest first unless ``oldest_first``; at most ``limit``
-        rows are read (None: all)."""
+        rows are read (None: all). ``picked``: only the turns on (True) or off (False) their
+        conversation's path; None: every alternative too."""
         if limit is not None and limit <= 0:
             return []
         query = select(Turn).options(selectinload(Turn.rating), selectinload(Turn.conversation))
         if conversation_id is not None:
             query = query.where(Turn.conversation_id == conversation_id)
+        if picked is not None:
+            query = query.where(Turn.picked.is_(picked))
         if rated is not None or min_score is not None or max_score is not None or tag:
             query = query.join(Rating, isouter=rated is False)
             query = query.where(Rating.id.is_(None)) if rated is False else query
@@ -425,8 +595,10 @@ class Store:
             while True:  # one page, unless the tag pre-filter let rows through that miss it
                 want = None if limit is None else limit - len(records)
                 page = s.scalars(query.limit(want)).all()
-                records += [_turn(t) for t in page
-                            if not tag or (t.rating and tag in (t.rating.tags or []))]
+                kept = [t for t in page if not tag or (t.rating and tag in (t.rating.tags or []))]
+                sizes = _slot_sizes(s, kept)
+                records += [_turn(t, alternatives=sizes[t.conversation_id, t.index])
+                            for t in kept]
                 if want is None or len(page) < want or len(records) >= limit:
                     return records
                 last = page[-1].id  # keyset paging: go on after the last row read
@@ -470,34 +642,48 @@ class Store:
             return {name: s.scalar(select(func.count()).select_from(model)) or 0
                     for name, model in (("conversations", Conversation), ("turns", Turn),
                                         ("ratings", Rating), ("training_runs", TrainingRun),
-                                        ("checkpoints", Checkpoint))}
+                                        ("checkpoints", Checkpoint), ("pairs", Pair))}
 
     # --- forget -----------------------------------------------------------------------
 
     def forget_turn(self, turn_id: int) -> dict[str, int]:
-        """Delete a turn and its rating. Later turns of its conversation carried its text in
-        their prompt tokens, so those tokens are erased and the turns never trained on. A
-        title taken from its message is taken again from the first turn left, or blanked."""
+        """Delete a turn, its rating and the pairs that hold it. Later turns of its
+        conversation carried its text in their prompt tokens (if it was the picked one of its
+        slot), so those tokens are erased and the turns never trained on; another
+        alternative of its slot, the newest, becomes the picked one. A title taken from its
+        message is taken again from the first turn left, or blanked."""
         with self._session(write=True) as s:
             turn = s.get(Turn, turn_id)
             if turn is None:
                 raise NotFound(f"no turn {turn_id}")
-            later = s.execute(update(Turn).where(Turn.conversation_id == turn.conversation_id,
-                                                 Turn.index > turn.index)
-                              .values(context_forgotten=True, prompt_ids=None)).rowcount
+            siblings = s.scalars(select(Turn).where(
+                Turn.conversation_id == turn.conversation_id, Turn.index == turn.index,
+                Turn.id != turn.id).order_by(Turn.id)).all()
+            later = 0
+            if turn.picked:  # later prompts held its reply; an alternative's they never did
+                later = s.execute(update(Turn).where(
+                    Turn.conversation_id == turn.conversation_id, Turn.index > turn.index)
+                    .values(context_forgotten=True, prompt_ids=None)).rowcount
             ratings = 1 if turn.rating else 0
             texts = _rating_texts([turn.rating] if turn.rating else [])
             self._scrub_records(s, texts)
+            pairs = self._forget_pairs(s, lambda t: t.id == turn_id)
             conv = s.get(Conversation, turn.conversation_id)
             titled_by_it = conv.title == title_of(turn.user_message)
             s.delete(turn)
+            s.flush()
+            if turn.picked and siblings:
+                siblings[-1].picked = True
             if titled_by_it:
-                s.flush()
                 first = s.scalar(select(Turn.user_message).order_by(Turn.index).limit(1)
                                  .where(Turn.conversation_id == conv.id))
                 conv.title = title_of(first) if first is not None else ""
-        return self._forgot({"turns": 1, "ratings": ratings, "later_turns_untrainable": later},
-                            texts)
+        result = {"turns": 1, "ratings": ratings, "later_turns_untrainable": later}
+        if pairs:
+            result["pairs"] = pairs
+        if siblings:  # they answer the same message, so it is still stored with them
+            result["alternatives_kept"] = len(siblings)
+        return self._forgot(result, texts)
 
     def forget_conversation(self, conversation_id: int) -> dict[str, int]:
         with self._session(write=True) as s:
@@ -508,20 +694,44 @@ class Store:
                               .where(Turn.conversation_id == conversation_id)).all()
             ratings, texts = len(rated), _rating_texts(rated)
             self._scrub_records(s, texts)
+            pairs = self._forget_pairs(s, lambda t: t.conversation_id == conversation_id)
             s.execute(delete(Conversation).where(Conversation.id == conversation_id))
-        return self._forgot({"conversations": 1, "turns": turns or 0, "ratings": ratings},
-                            texts)
+        result = {"conversations": 1, "turns": turns or 0, "ratings": ratings}
+        if pairs:
+            result["pairs"] = pairs
+        return self._forgot(result, texts)
 
     def forget_all(self) -> dict[str, int]:
         before = self.counts()
         with self._session(write=True) as s:
             texts = _rating_texts(s.scalars(select(Rating)).all())
             self._scrub_records(s, texts)
+            s.execute(delete(Pair))
             s.execute(delete(Rating))
             s.execute(delete(Turn))
             s.execute(delete(Conversation))
-        return self._forgot({k: before[k] for k in ("conversations", "turns", "ratings")},
-                            texts)
+        result = {k: before[k] for k in ("conversations", "turns", "ratings")}
+        if before["pairs"]:
+            result["pairs"] = before["pairs"]
+        return self._forgot(result, texts)
+
+    @staticmethod
+    def _forget_pairs(s: Session, forgotten: Callable[[Any], Any]) -> int:
+        """In a forget's transaction, before the turns go: delete the pairs that hold them
+        (the foreign keys would cascade; deleting here counts them and does not rely on a
+        server's cascade), and the text-only pairs (``reinf compare`` on a typed prompt)
+        whose prompt is a forgotten turn's message that no other turn still holds.
+        ``forgotten(T)``: the SQL condition on turns table ``T`` that names the turns."""
+        ids = select(Turn.id).where(forgotten(Turn))
+        other = aliased(Turn)
+        typed = and_(Pair.prompt_turn_id.is_(None), Pair.a_turn_id.is_(None),
+                     Pair.b_turn_id.is_(None),
+                     Pair.prompt.in_(select(Turn.user_message).where(forgotten(Turn))),
+                     ~exists().where(other.user_message == Pair.prompt,
+                                     not_(forgotten(other))))
+        return s.execute(delete(Pair).where(or_(
+            Pair.a_turn_id.in_(ids), Pair.b_turn_id.in_(ids), Pair.prompt_turn_id.in_(ids),
+            typed))).rowcount or 0
 
     @staticmethod
     def _scrub_records(s: Session, texts: Sequence[str]) -> None:
@@ -778,6 +988,40 @@ class Store:
             return conn.execute(text("PRAGMA integrity_check")).scalar()
 
 
+PAIR_FIELDS = {"prompt": None, "outcome": None, "source": "compare", "blind": False,
+               "a_turn_id": None, "b_turn_id": None, "a_text": None, "b_text": None,
+               "a_checkpoint_id": None, "b_checkpoint_id": None, "prompt_turn_id": None,
+               "prompt_ids": (), "a_reply_ids": (), "b_reply_ids": (), "details": None}
+PAIR_ID_FIELDS = ("prompt_ids", "a_reply_ids", "b_reply_ids")
+
+
+def _check_pair(row: dict[str, Any]) -> dict[str, Any]:
+    """A pair's fields (see Store.add_pairs), checked, with the defaults filled in."""
+    unknown = set(row) - set(PAIR_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown pair field {sorted(unknown)[0]!r}")
+    row = {**PAIR_FIELDS, **row}
+    if row["outcome"] not in PAIR_OUTCOMES:
+        raise BadInput(f"outcome must be one of {', '.join(PAIR_OUTCOMES)}, got "
+                       f"{row['outcome']!r}", key="outcome")
+    if row["source"] not in PAIR_SOURCES:
+        raise BadInput(f"source must be one of {', '.join(PAIR_SOURCES)}, got "
+                       f"{row['source']!r}", key="source")
+    if not isinstance(row["prompt"], str):
+        raise BadInput("a pair's prompt must be text", key="prompt")
+    check_text(row["prompt"], "the prompt")
+    for side in ("a", "b"):
+        turn_id, text_ = row[f"{side}_turn_id"], row[f"{side}_text"]
+        if (turn_id is None) == (text_ is None):
+            raise BadInput(f"side {side} of a pair is a stored turn or a text, not "
+                           f"{'both' if turn_id is not None else 'neither'}")
+        if text_ is not None:
+            check_text(text_, "a reply")
+    row["blind"] = bool(row["blind"])
+    row["details"] = dict(row["details"] or {})
+    return row
+
+
 def _rating_texts(ratings) -> list[str]:
     """The comments and tags of ``ratings`` that a hook error could have quoted."""
     out: list[str] = []
@@ -816,7 +1060,22 @@ def _rating(r: Rating) -> RatingRecord:
                         r.created_at, r.updated_at)
 
 
-def _turn(t: Turn, user_id: str | None = None) -> TurnRecord:
+def _slot_sizes(s: Session, turns: Sequence[Turn]) -> dict[tuple[int, int], int]:
+    """How many turns (alternatives) each (conversation, index) slot of ``turns`` holds."""
+    sizes: dict[tuple[int, int], int] = {(t.conversation_id, t.index): 1 for t in turns}
+    conversations = sorted({t.conversation_id for t in turns})
+    for i in range(0, len(conversations), 500):  # SQL parameter limits
+        rows = s.execute(select(Turn.conversation_id, Turn.index, func.count())
+                         .where(Turn.conversation_id.in_(conversations[i:i + 500]))
+                         .group_by(Turn.conversation_id, Turn.index)
+                         .having(func.count() > 1)).all()
+        for cid, index, n in rows:
+            if (cid, index) in sizes:
+                sizes[cid, index] = n
+    return sizes
+
+
+def _turn(t: Turn, user_id: str | None = None, alternatives: int = 1) -> TurnRecord:
     return TurnRecord(
         id=t.id, conversation_id=t.conversation_id, index=t.index, user_message=t.user_message,
         reply=t.reply, checkpoint_id=t.checkpoint_id, model=t.model,
@@ -826,7 +1085,22 @@ def _turn(t: Turn, user_id: str | None = None) -> TurnRecord:
         reply_ids=unpack_ids(t.reply_ids), logprobs=unpack_floats(t.logprobs),
         rating=_rating(t.rating) if t.rating else None,
         user_id=user_id or (t.conversation.user_id if t.conversation else "local"),
-        system_prompt=t.conversation.system_prompt if t.conversation else None)
+        system_prompt=t.conversation.system_prompt if t.conversation else None,
+        picked=bool(t.picked), alternatives=alternatives)
+
+
+def _pair(p: Pair, texts: dict[int, str] | None = None) -> PairRecord:
+    """``texts``: turn id -> reply, for the sides that are stored turns."""
+    texts = texts or {}
+    return PairRecord(
+        id=p.id, created_at=p.created_at, source=p.source, outcome=p.outcome,
+        blind=bool(p.blind), prompt=p.prompt, conversation_id=p.conversation_id,
+        prompt_turn_id=p.prompt_turn_id, a_turn_id=p.a_turn_id, b_turn_id=p.b_turn_id,
+        a_text=p.a_text if p.a_text is not None else texts.get(p.a_turn_id, ""),
+        b_text=p.b_text if p.b_text is not None else texts.get(p.b_turn_id, ""),
+        a_checkpoint_id=p.a_checkpoint_id, b_checkpoint_id=p.b_checkpoint_id,
+        details=dict(p.details or {}), prompt_ids=unpack_ids(p.prompt_ids),
+        a_reply_ids=unpack_ids(p.a_reply_ids), b_reply_ids=unpack_ids(p.b_reply_ids))
 
 
 def _run(r: TrainingRun) -> RunRecord:

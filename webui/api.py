@@ -1,12 +1,13 @@
 """The JSON API of chat and ratings (docs/design.md §6): chat, rate, history, conversations,
-forget. Thin: parse, call the store or the chat service, return JSON."""
+forget, alternatives (again, pick), compare and pairs. Thin: parse, call the store, the chat
+service or reinf.compare, return JSON."""
 from __future__ import annotations
 
 from importlib import metadata
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 
-from reinf.errors import BadInput, NotFound
+from reinf.errors import BadInput, NotAvailable, NotFound
 from webui.params import (generation_args, get_id, get_text, query_bool, query_datetime,
                           query_int, query_text, read_json)
 from webui.reports import history_rows
@@ -19,6 +20,10 @@ CHAT_FIELDS = {"message", "conversation_id", "stream", "temperature", "top_p", "
                "system_prompt"}
 CONVERSATION_FIELDS = {"system_prompt"}
 RATING_FIELDS = {"score", "tags", "comment", "critical"}
+AGAIN_FIELDS = {"stream", "temperature", "top_p", "max_new_tokens"}
+COMPARE_FIELDS = {"prompt", "turn_id", "checkpoint", "blind", "temperature", "top_p",
+                  "max_new_tokens"}
+PICK_FIELDS = {"winner", "reveal"}
 
 
 def version() -> str:
@@ -47,9 +52,7 @@ def chat():
     message = get_text(body, "message", max_chars=runtime.config.server.max_message_chars,
                        config_key="max_message_chars")
     conversation_id = get_id(body.get("conversation_id"), "conversation_id")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadInput("'stream' must be true or false", key="stream")
+    stream = read_stream_flag(body)
     gen = generation_args(body, runtime.config)
     system_prompt = read_system_prompt(body, runtime.config)
     if system_prompt is not None:  # else a new conversation takes the config's
@@ -60,18 +63,34 @@ def chat():
     if not stream:
         turn = service.send(message, conversation_id=conversation_id, **gen)
         return jsonify(turn.to_dict())
-    reply = service.stream(message, conversation_id=conversation_id, **gen)
+    return stream_reply(runtime, service.stream(message, conversation_id=conversation_id,
+                                                **gen))
+
+
+def read_stream_flag(body) -> bool:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadInput("'stream' must be true or false", key="stream")
+    return stream
+
+
+def stream_reply(runtime, reply, **start: object) -> Response:
+    """A reply in progress as Server-Sent Events: ``start`` (conversation_id, stream_id and
+    ``start``'s fields), a ``delta`` per piece of text, then ``done`` (the stored turn) or
+    ``error``."""
     stream_id = runtime.streams.add(reply)
 
     def done(turn) -> str:
         return sse({"turn_id": turn.id, "conversation_id": turn.conversation_id,
                     "reply": turn.reply, "checkpoint_id": turn.checkpoint_id or "base",
                     "interrupted": turn.interrupted, "ttft_ms": turn.ttft_ms,
-                    "latency_ms": turn.latency_ms, "reply_tokens": len(turn.reply_ids)}, "done")
+                    "latency_ms": turn.latency_ms, "reply_tokens": len(turn.reply_ids),
+                    "index": turn.index, "picked": turn.picked,
+                    "alternatives": turn.alternatives}, "done")
 
     events = Relay(reply, runtime.streams, stream_id,
                    start=lambda: sse({"conversation_id": reply.conversation_id,
-                                      "stream_id": stream_id}, "start"),
+                                      "stream_id": stream_id, **start}, "start"),
                    delta=lambda text: sse({"delta": text}), done=done,
                    error=lambda err: sse(err, "error"))
     return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
@@ -189,3 +208,130 @@ def forget_conversation(conversation_ref: str):
     runtime = get_runtime()
     conversation_id = get_id(conversation_ref, "conversation_id")
     return jsonify({"forgotten": runtime.store.forget_conversation(conversation_id)})
+
+
+# --- alternatives: another reply to the same message, and the pick ---------------------
+
+@bp.post("/turns/<turn_ref>/again")
+def again(turn_ref: str):
+    """Another reply to the message of the conversation's last turn, stored as an
+    alternative in its slot and picked (the conversation continues from it)."""
+    runtime = get_runtime()
+    turn_id = runtime.store.resolve_turn(turn_ref)
+    body = read_json(AGAIN_FIELDS, optional_body=True)
+    stream = read_stream_flag(body)
+    gen = generation_args(body, runtime.config)
+    service = runtime.require_chat()
+    turn = runtime.store.get_turn(turn_id)  # 404 before anything starts
+    if not stream:
+        return jsonify(service.stream_again(turn_id, **gen).wait().to_dict())
+    return stream_reply(runtime, service.stream_again(turn_id, **gen), alternative_of=turn_id,
+                        index=turn.index)
+
+
+@bp.get("/turns/<turn_ref>/alternatives")
+def alternatives(turn_ref: str):
+    runtime = get_runtime()
+    turns = runtime.store.alternatives(runtime.store.resolve_turn(turn_ref))
+    return jsonify({"turns": [t.to_dict() for t in turns]})
+
+
+@bp.post("/turns/<turn_ref>/pick")
+def pick(turn_ref: str):
+    """This alternative continues the conversation; a pair (source ``regenerate``) records
+    it as preferred over each other alternative of its slot."""
+    runtime = get_runtime()
+    turn_id = runtime.store.resolve_turn(turn_ref)
+    read_json(set(), optional_body=True)
+    if runtime.chat is not None:  # waits for a reply to that conversation still running
+        turn, pairs = runtime.chat.pick(turn_id)
+    else:
+        turn, pairs = runtime.store.pick_alternative(turn_id)
+    return jsonify({"turn": turn.to_dict(), "pairs": [p.to_dict() for p in pairs]})
+
+
+# --- compare: base, active and another checkpoint, blind --------------------------------
+
+def comparisons():
+    """This app's comparisons waiting for a pick (reinf.compare.Comparisons)."""
+    from reinf.compare import Comparisons
+
+    return current_app.extensions.setdefault("reinf.comparisons", Comparisons())
+
+
+@bp.post("/compare")
+def compare():
+    from reinf.compare import build_comparison
+
+    runtime = get_runtime()
+    body = read_json(COMPARE_FIELDS)
+    prompt = get_text(body, "prompt", max_chars=runtime.config.server.max_message_chars,
+                      required=False, config_key="max_message_chars")
+    turn_ref = body.get("turn_id")
+    if isinstance(turn_ref, bool) or not isinstance(turn_ref, (str, int, type(None))):
+        raise BadInput("'turn_id' must be a turn id, `last` or a chatcmpl-… id", key="turn_id")
+    turn_id = runtime.store.resolve_turn(str(turn_ref)) if turn_ref is not None else None
+    if (prompt is None) == (turn_id is None):
+        raise BadInput("give 'prompt' or 'turn_id' (one of them)", key="prompt",
+                       fix='e.g. {"prompt": "Explain LoRA briefly"}')
+    if prompt is not None and not prompt.strip():
+        raise BadInput("'prompt' is empty", key="prompt", fix="type something to compare")
+    checkpoint = body.get("checkpoint")
+    if checkpoint is not None and not isinstance(checkpoint, str):
+        raise BadInput("'checkpoint' must be a checkpoint id (or a unique prefix)",
+                       key="checkpoint")
+    blind = body.get("blind", True)
+    if not isinstance(blind, bool):
+        raise BadInput("'blind' must be true or false", key="blind")
+    if turn_id is not None:
+        runtime.store.get_turn(turn_id)  # 404
+    engine = runtime.engine
+    if engine is None:
+        raise NotAvailable("no model is loaded in this server", fix="start it with `reinf serve`")
+    comparison = build_comparison(engine, runtime.store, runtime.config, prompt=prompt,
+                                  turn_id=turn_id, checkpoint=checkpoint, blind=blind,
+                                  **generation_args(body, runtime.config))
+    return jsonify(comparisons().add(comparison).to_dict())
+
+
+@bp.get("/compare/<compare_id>")
+def comparison(compare_id: str):
+    return jsonify(comparisons().get(compare_id).to_dict())
+
+
+@bp.post("/compare/<compare_id>/pick")
+def compare_pick(compare_id: str):
+    runtime = get_runtime()
+    body = read_json(PICK_FIELDS, required=("winner",))
+    reveal = body.get("reveal", True)
+    if not isinstance(reveal, bool):
+        raise BadInput("'reveal' must be true or false", key="reveal")
+    picked = comparisons().pick(runtime.store, compare_id, body["winner"])
+    return jsonify(picked.to_dict(reveal=reveal))
+
+
+@bp.get("/prompts")
+def prompts():
+    """The person's recent distinct messages (the compare page's picker)."""
+    runtime = get_runtime()
+    limit = query_int("limit", low=1, high=500, default=20)
+    return jsonify({"prompts": runtime.store.recent_prompts(limit)})
+
+
+# --- pairs -----------------------------------------------------------------------------
+
+@bp.get("/pairs")
+def pairs():
+    runtime = get_runtime()
+    conversation = request.args.get("conversation_id")
+    turn = request.args.get("turn_id")
+    checkpoint = query_text("checkpoint_id", max_chars=64)
+    rows = runtime.store.list_pairs(
+        limit=query_int("limit", low=1, high=10_000, default=50),
+        source=query_text("source"), outcome=query_text("outcome"),
+        conversation_id=get_id(conversation, "conversation_id") if conversation else None,
+        turn_id=get_id(turn, "turn_id") if turn else None,
+        checkpoint_id=... if checkpoint is None else (None if checkpoint == "base"
+                                                      else checkpoint),
+        since=query_datetime("since"))
+    return jsonify({"pairs": [p.to_dict() for p in rows], "count": len(rows)})

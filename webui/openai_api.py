@@ -17,11 +17,19 @@ joined by blank lines, are the conversation's system prompt: a new conversation 
 only if its own is the same (any, when the request has none); an explicit one whose own
 differs takes the request's while it has no turns, else the request gets 409.
 Fields OpenAI defines but Reinf does not use (stop, seed, penalties, ...) are
-ignored; ``n`` other than 1, tools and non-text content are refused with 400.
+ignored; tools and non-text content are refused with 400.
+
+``n`` (1 to MAX_CHOICES): the choices are sampled one after another from the same prompt.
+The first is a new turn; the others are stored as its alternatives (reinf.schema.Turn: the
+same slot, not picked), so each choice is a turn of its own with its own id, rated as any
+turn: ``chatcmpl-<choices[i].turn_id>`` (each choice carries ``turn_id`` and ``id``). A
+client that continues the conversation from another choice (re-sending it as the
+assistant message) continues it from that one: it becomes the picked alternative.
 
 Streaming: the turn id is known only once the reply is stored, so the final chunk (the
 one with ``finish_reason``) has id ``chatcmpl-<turn_id>`` plus ``turn_id`` and
-``conversation_id`` fields. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
+``conversation_id`` fields; with ``n`` > 1 the choices stream one after another, each ending
+with such a chunk for its ``index``. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
 as the ``llm`` CLI log the first chunk's id): the turn stores the hex, so ``reinf rate``
 and the rating route resolve it too, after a restart as well (Store.resolve_turn).
 """
@@ -44,6 +52,7 @@ bp = Blueprint("openai", __name__, url_prefix="/v1")
 SYSTEM_ROLES = {"system", "developer"}
 CREATED = int(time.time())
 MATCH_WINDOW = 200  # recent turns searched for a conversation to continue
+MAX_CHOICES = 8     # n: each choice is a full reply, generated one after another
 
 
 def chunk_data(payload: dict) -> str:
@@ -142,9 +151,15 @@ def resolve_conversation(store, pairs: list[tuple[str, str]], user: str | None,
                 continue
             seen.add(cid)
             turns = store.conversation_turns(cid)
-            if [(t.user_message, t.reply) for t in turns] == pairs and \
+            path = [(t.user_message, t.reply) for t in turns]
+            # the client went on from another choice (n > 1) of the last reply: pick it
+            other_choice = not turn.picked and turns and turns[-1].index == turn.index and \
+                path[:-1] == pairs[:-1]
+            if (path == pairs or other_choice) and \
                     (user is None or turns[0].user_id == user) and \
                     (system is None or turns[0].system_prompt == check_system_prompt(system)):
+                if other_choice:
+                    store.pick_alternative(turn.id, record=False)
                 return cid, False
     conversation = store.create_conversation(
         user_id=user or "local", system_prompt=default_system if system is None else system)
@@ -171,8 +186,11 @@ def finish_reason(turn, gen: dict, config) -> str:
     return "length" if not turn.interrupted and len(turn.reply_ids) >= limit else "stop"
 
 
-def usage(turn) -> dict[str, int]:
-    prompt, completion = len(turn.prompt_ids), len(turn.reply_ids)
+def usage(turns) -> dict[str, int]:
+    """Token counts of one completion's choices (one prompt, each choice's reply)."""
+    turns = turns if isinstance(turns, list) else [turns]
+    prompt = len(turns[0].prompt_ids)
+    completion = sum(len(t.reply_ids) for t in turns)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 
@@ -190,8 +208,7 @@ def completions():
         raise ReinfError(f"the last message is {len(message)} characters; the limit is {limit}",
                          status=413, key="max_message_chars",
                          fix="send a shorter message, or raise max_message_chars")
-    if body.get("n") not in (None, 1):
-        raise BadInput("only n=1 is supported", key="n")
+    n = get_number(body.get("n"), "n", low=1, high=MAX_CHOICES, integer=True) or 1
     if body.get("tools") or body.get("functions"):
         raise BadInput("tools and functions are not supported by this server", key="tools")
     stream = body.get("stream", False)
@@ -214,6 +231,7 @@ def completions():
                                                 system, config.generation.system_prompt)
     created, name = int(time.time()), runtime.model_name
     stream_id = new_stream_id()  # chosen before the reply starts: its turn stores it
+    again = {k: v for k, v in gen.items() if k != "system_prompt"}  # the choices after the 1st
     try:
         if stream:
             reply = service.stream(message, conversation_id=conversation_id,
@@ -225,31 +243,47 @@ def completions():
             runtime.store.forget_conversation(conversation_id)
         raise
     if not stream:
+        turns = [turn] + [service.stream_again(turn.id, picked=False, **again).wait()
+                          for _ in range(n - 1)]
         return jsonify({
             "id": f"{COMPLETION_PREFIX}{turn.id}", "object": "chat.completion", "created": created,
             "model": name, "system_fingerprint": turn.checkpoint_id or "base",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.reply},
-                         "logprobs": None, "finish_reason": finish_reason(turn, gen, config)}],
-            "usage": usage(turn), "turn_id": turn.id, "conversation_id": turn.conversation_id})
+            "choices": [{"index": i, "message": {"role": "assistant", "content": t.reply},
+                         "logprobs": None, "finish_reason": finish_reason(t, gen, config),
+                         "id": f"{COMPLETION_PREFIX}{t.id}", "turn_id": t.id}
+                        for i, t in enumerate(turns)],
+            "usage": usage(turns), "turn_id": turn.id, "conversation_id": turn.conversation_id})
     include_usage = isinstance(body.get("stream_options"), dict) and \
         bool(body["stream_options"].get("include_usage"))
+    if n > 1:
+        reply = Choices(service, reply, n, again)
     runtime.streams.add(reply, stream_id)
     provisional = STREAM_PREFIX + stream_id
 
-    def chunk(delta: dict, reason: str | None = None, cid: str = provisional, **extra) -> str:
+    def chunk(delta: dict, reason: str | None = None, cid: str = provisional, index: int = 0,
+              **extra) -> str:
         return chunk_data({"id": cid, "object": "chat.completion.chunk", "created": created,
-                           "model": name, "choices": [{"index": 0, "delta": delta,
+                           "model": name, "choices": [{"index": index, "delta": delta,
                                                        "logprobs": None,
                                                        "finish_reason": reason}], **extra})
 
-    def done(turn) -> list[str]:
-        final = f"{COMPLETION_PREFIX}{turn.id}"
-        out = [chunk({}, finish_reason(turn, gen, config), final, turn_id=turn.id,
-                     conversation_id=turn.conversation_id)]
-        if include_usage:
-            out.append(chunk_data({"id": final, "object": "chat.completion.chunk",
-                                   "created": created, "model": name, "choices": [],
-                                   "usage": usage(turn)}))
+    def end(turn, index: int = 0) -> str:
+        return chunk({}, finish_reason(turn, gen, config), f"{COMPLETION_PREFIX}{turn.id}",
+                     index, turn_id=turn.id, conversation_id=turn.conversation_id)
+
+    def delta(item) -> str:
+        if isinstance(item, str):
+            return chunk({"content": item})
+        kind, index, value = item  # Choices: ("delta", i, text) or ("end", i, turn)
+        return chunk({"content": value}, index=index) if kind == "delta" else end(value, index)
+
+    def done(stored) -> list[str]:
+        turns = stored if isinstance(stored, list) else [stored]
+        out = [] if isinstance(stored, list) else [end(stored)]
+        if include_usage and turns:
+            out.append(chunk_data({"id": f"{COMPLETION_PREFIX}{turns[0].id}",
+                                   "object": "chat.completion.chunk", "created": created,
+                                   "model": name, "choices": [], "usage": usage(turns)}))
         return out + ["data: [DONE]\n\n"]
 
     def error(err: dict) -> str:
@@ -257,7 +291,54 @@ def completions():
                                      "type": "server_error", "code": err.get("status")}}) \
             + "data: [DONE]\n\n"
 
-    events = Relay(reply, runtime.streams, stream_id,
-                   start=lambda: chunk({"role": "assistant", "content": ""}),
-                   delta=lambda text: chunk({"content": text}), done=done, error=error)
+    def start() -> str:
+        return "".join(chunk({"role": "assistant", "content": ""}, index=i) for i in range(n))
+
+    events = Relay(reply, runtime.streams, stream_id, start=start, delta=delta, done=done,
+                   error=error)
     return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
+
+
+class Choices:
+    """``n`` streamed choices as one stream (webui.streaming.Relay's interface): the first
+    reply, then ``n - 1`` alternatives of its turn (not picked), one after another.
+    Iterating gives ``("delta", index, text)`` and, as each choice is stored,
+    ``("end", index, turn)``; ``turn`` is then the list of stored turns. ``stop()`` ends
+    the reply in progress and starts no more."""
+
+    def __init__(self, service, first, n: int, generation: dict):
+        self.service, self.n, self.generation = service, n, generation
+        self.conversation_id = first.conversation_id
+        self.turns: list = []
+        self._current = first
+        self._stopped = False
+        self._items = self._run()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._items)
+
+    def _run(self):
+        for index in range(self.n):
+            if index:
+                if self._stopped:
+                    return
+                self._current = self.service.stream_again(self.turns[0].id, picked=False,
+                                                          **self.generation)
+            for text in self._current:
+                yield "delta", index, text
+            turn = self._current.turn
+            if turn is None:
+                return
+            self.turns.append(turn)
+            yield "end", index, turn
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._current.stop()
+
+    @property
+    def turn(self) -> list:
+        return self.turns

@@ -49,9 +49,10 @@ def main(ctx: click.Context, config_path: str | None, home: str | None, debug: b
 
 
 def _register() -> None:
-    from reinf.cli import bench, chat, data, models, rewards, serve, service, system, train
+    from reinf.cli import (bench, chat, compare, data, models, rewards, serve, service, system,
+                           train)
 
-    for module in (data, system, models, chat, train, serve, service, rewards, bench):
+    for module in (data, system, models, chat, compare, train, serve, service, rewards, bench):
         for command in module.COMMANDS:
             main.add_command(command)
 

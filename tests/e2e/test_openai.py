@@ -100,8 +100,8 @@ def test_errors_reach_the_client_as_openai_errors(client):
     with pytest.raises(openai.BadRequestError, match="last message must be a non-empty user"):
         client.chat.completions.create(model="m", messages=[
             {"role": "assistant", "content": "hi"}])
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.chat.completions.create(model="m", n=2, messages=[
+    with pytest.raises(openai.BadRequestError, match="'n' must be between 1 and 8"):
+        client.chat.completions.create(model="m", n=9, messages=[
             {"role": "user", "content": "hi"}])
     with pytest.raises(openai.NotFoundError, match="no conversation"):
         client.chat.completions.create(model="m", extra_body={"conversation_id": 4242},

@@ -24,11 +24,13 @@ from reinf.schema import Base, utcnow
 from reinf.store import Store
 from unit import test_forget_export as forget_tests
 from unit import test_migrations as migration_tests
+from unit import test_pairs_store as pair_tests
 from unit import test_store as store_tests
 
 pytestmark = pytest.mark.e2e
 
-TABLES = ["alembic_version", "checkpoints", "conversations", "ratings", "training_runs", "turns"]
+TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "training_runs",
+          "turns"]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -68,7 +70,7 @@ def test_the_server_is_found_off_path_or_the_tests_skip_saying_why(tmp_path):
 def test_upgrade_from_empty_reaches_the_current_revision(db_url):
     store = Store(db_url)
     assert db.table_names(store.engine) == TABLES
-    assert db.current_revision(store.engine) == db.head_revision() == "0003"
+    assert db.current_revision(store.engine) == db.head_revision() == "0004"
     insp = inspect(store.engine)
     for table in Base.metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {
@@ -83,6 +85,30 @@ def test_upgrade_from_empty_reaches_the_current_revision(db_url):
     assert db.current_revision(again.engine) == db.head_revision() and \
         again.counts()["turns"] == 0
     again.close()
+
+
+def test_0004_alternatives_and_pairs_down_and_up_with_data(db_url):
+    """0004 on both backends, from 0003 holding rated turns: every row kept, all picked;
+    down again (no alternatives) and up."""
+    store = Store(db_url, migrate=False)
+    db.upgrade(store.engine, "0003")
+    with store.engine.begin() as conn:
+        for row in pair_tests.OLD_ROWS:
+            conn.execute(text(row))
+        if store.engine.dialect.name == "postgresql":  # explicit ids: move the sequences on
+            for table in ("conversations", "turns", "ratings"):
+                conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                                  f"(SELECT max(id) FROM {table}))"))
+    db.upgrade(store.engine)
+    assert [(t.id, t.picked, t.rating.score) for t in store.conversation_turns(1)] == \
+        [(1, True, 3), (2, True, 4), (3, True, 5)]
+    alt = store.append_turn(1, "q3", "again", slot=3)
+    assert [t.id for t in store.conversation_turns(1)][-1] == alt.id
+    store.forget_turn(alt.id)
+    db.downgrade(store.engine, "0003")
+    db.upgrade(store.engine)
+    assert store.counts()["ratings"] == 3 and store.counts()["turns"] == 3
+    store.close()
 
 
 def test_0003_repairs_lone_surrogates_in_json_columns(db_url):
@@ -146,7 +172,17 @@ SHARED = [store_tests.test_turn_token_data_round_trips_compactly,
           store_tests.test_record_json_is_stable,
           forget_tests.test_forget_turn_removes_it_everywhere_and_untrains_later_turns,
           forget_tests.test_forget_conversation_and_all,
-          forget_tests.test_export_formats]
+          forget_tests.test_export_formats,
+          pair_tests.test_an_alternative_shares_the_slot_and_becomes_the_path,
+          pair_tests.test_only_the_last_slot_takes_alternatives,
+          pair_tests.test_pick_records_a_pair_against_each_other_alternative,
+          pair_tests.test_an_earlier_slot_cannot_change_its_pick,
+          pair_tests.test_forgetting_the_picked_alternative_picks_the_newest_other,
+          pair_tests.test_a_compare_pair_keeps_its_texts_checkpoints_and_tokens,
+          pair_tests.test_list_pairs_filters,
+          pair_tests.test_recent_prompts_are_distinct_newest_first,
+          pair_tests.test_forget_turn_removes_the_pairs_that_hold_it,
+          pair_tests.test_forget_conversation_and_all_remove_their_pairs]
 
 
 @pytest.mark.parametrize("case", SHARED, ids=lambda f: f.__name__.removeprefix("test_"))

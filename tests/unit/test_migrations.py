@@ -13,13 +13,14 @@ from reinf.errors import StoreError
 from reinf.schema import Base
 from reinf.store import Store
 
-TABLES = ["alembic_version", "checkpoints", "conversations", "ratings", "training_runs", "turns"]
+TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "training_runs",
+          "turns"]
 
 
 def test_upgrade_from_an_empty_db(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'a.db'}")
     assert db.table_names(store.engine) == TABLES
-    assert db.current_revision(store.engine) == db.head_revision() == "0003"
+    assert db.current_revision(store.engine) == db.head_revision() == "0004"
     store.close()
 
 
