@@ -121,23 +121,32 @@ class PPOConfig:
     gradient_accumulation_steps: int = setting(1, "minibatches per optimizer step", min=1)
     ppo_epochs: int = setting(4, "passes over the round's samples", min=1, max=100)
     ppo_clip: float = setting(0.2, "clip range of the policy ratio", min=0.0, max=10.0)
-    value_clip: float = setting(0.2, "clip range of the value update", min=0.0, max=100.0)
-    vf_coef: float = setting(0.5, "weight of the value loss", min=0.0)
+    value_clip: float = setting(0.2, "clip range of the value update (GAE rounds)", min=0.0,
+                                max=100.0)
+    vf_coef: float = setting(0.5, "weight of the value loss (GAE rounds only: RLOO has no value "
+                                  "head)", min=0.0)
     ent_coef: float = setting(0.0, "weight of the entropy bonus", min=0.0)
     dual_clip: float = setting(3.0, "bound c > 1 on the loss of stale samples with huge ratios; "
                                     "0 = off", min=0.0,
                                fix="set dual_clip to 0 (off) or a value above 1, such as 3")
-    value_detach: bool = setting(True, "the value head reads detached hidden states (trains only "
-                                       "itself)")
+    value_detach: bool = setting(True, "the value head (GAE rounds) reads detached hidden states "
+                                       "(trains only itself)")
     normalize_rewards: bool = setting(False, "subtract the running mean of rewards and divide "
                                              "by their running std (stats always reported)")
     max_grad_norm: float = setting(1.0, "gradient-norm clip", min=0.0)
-    kl_coef: float = setting(0.1, "initial per-token KL penalty to the base model", min=0.0)
+    kl_coef: float = setting(0.1, "per-token KL penalty to the base model in the return; with "
+                                  "adaptive_kl, the least it is", min=0.0)
     kl_loss_coef: float = setting(0.05, "weight of the KL to the base as a loss term (k3 on the "
                                        "sampled tokens, as in GRPO); 0 = off", min=0.0)
-    adaptive_kl: bool = setting(True, "adapt kl_coef to hold KL near kl_target")
-    kl_target: float = setting(0.05, "KL per token the adaptive controller aims at", min=0.0)
-    kl_horizon: int = setting(1000, "samples over which the KL controller adapts", min=1)
+    adaptive_kl: bool = setting(True, "after each round, raise the KL penalty while KL is above "
+                                      "kl_target, lower it back towards kl_coef while below; "
+                                      "false = a fixed kl_coef")
+    kl_target: float = setting(0.05, "KL per reply token (nats) above which the adaptive "
+                                     "controller raises the KL penalty", min=0.0)
+    kl_horizon: int = setting(1, "rounds the KL controller takes to close its error (clipped "
+                                 "to ±20%): 1 = up to 20% a round", min=1, max=100,
+                              fix="kl_horizon counts training rounds now, not samples: set it "
+                                  "to 1 (the default), or delete the line")
     kl_max: float = setting(1.0, "promotion gate: reject a round whose KL per token exceeds this",
                             min=0.0)
     target_kl: float = setting(0.1, "stop a round early when approx_kl exceeds this; 0 = never",
@@ -182,6 +191,16 @@ class TrainingConfig:
     max_perplexity_increase: float = setting(0.25, "promotion gate: reject a round whose "
                                                    "perplexity on well-rated replies rises "
                                                    "more than this (0.25 = +25%)", min=0.0)
+    max_train_tokens: int = setting(1024, "longest prompt + reply a round trains on or samples "
+                                          "rollouts from; longer rated turns are skipped (the "
+                                          "round reports them as too long). It bounds the "
+                                          "round's memory: see the plan in `reinf status`",
+                                    min=64, max=1_048_576)
+    base_quantization: str = setting("auto", "bitsandbytes weights of the trainer's copy of the "
+                                             "base (CUDA only); auto = quantization, or 4bit "
+                                             "where the memory plan (`reinf status`) says an "
+                                             "unquantized one will not fit beside the server",
+                                     choices=("auto", "none", "8bit", "4bit"))
 
 
 @dataclass(frozen=True)

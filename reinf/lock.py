@@ -25,15 +25,17 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reinf.errors import Conflict, ReinfError, StoreError
 
 LOCK_NAME = "reinf.pid"
 TRAIN_LOCK_NAME = "train.lock"
 # A probe (``reinf status``) holds the lock for microseconds; a starting server retries
-# for this long before it believes another server holds it.
+# for this long before it believes another server holds it (and the daemon's trainer
+# before it believes another round holds the train lock).
 RETRY_SECONDS = 0.5
+RETRY_INTERVAL = 0.05
 
 
 def lock_path(config) -> Path:
@@ -188,23 +190,26 @@ def acquire_lock(config, *, host: str | None = None, port: int | None = None,
             "port": port if port is not None else config.server.port,
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "version": get_version(), "data_dir": str(config.data_dir)}
-    deadline = time.monotonic() + RETRY_SECONDS
     path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
+
+    def take() -> FileLock | None:
         dir_fd = lock_directory(path.parent)  # first: it survives `rm reinf.pid`
-        if dir_fd is not None:
-            try:
-                lock = try_lock(path, info)
-            except BaseException:
-                os.close(dir_fd)
-                raise
-            if lock is not None:
-                lock.dir_fd = dir_fd
-                return lock
+        if dir_fd is None:
+            return None
+        try:
+            lock = try_lock(path, info)
+        except BaseException:
             os.close(dir_fd)
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
+            raise
+        if lock is None:
+            os.close(dir_fd)
+            return None
+        lock.dir_fd = dir_fd
+        return lock
+
+    lock = _retry(take, RETRY_SECONDS)
+    if lock is not None:
+        return lock
     other = read_info(path)
     where = other.get("url") or (f"http://{other['host']}:{other['port']}"
                                  if other.get("host") else "starting up")
@@ -215,11 +220,30 @@ def acquire_lock(config, *, host: str | None = None, port: int | None = None,
                    fix="stop it first, or set REINF_HOME to another directory")
 
 
-def acquire_train_lock(config, *, trigger: str) -> FileLock | None:
-    """Take ``<data_dir>/train.lock`` for one round; None while another round holds it."""
-    return try_lock(train_lock_path(config), {
-        "pid": os.getpid(), "trigger": trigger,
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+def _retry(take: Callable[[], FileLock | None], wait: float) -> FileLock | None:
+    """``take()`` until it gives a lock or ``wait`` seconds have passed (at least one try);
+    None if it never did. What ``take`` raises is raised at once."""
+    deadline = time.monotonic() + wait
+    while True:
+        lock = take()
+        if lock is not None or time.monotonic() >= deadline:
+            return lock
+        time.sleep(RETRY_INTERVAL)
+
+
+def acquire_train_lock(config, *, trigger: str, wait: float = 0.0) -> FileLock | None:
+    """Take ``<data_dir>/train.lock`` for one round, trying for up to ``wait`` seconds
+    (the daemon's reconcile job and a starting server hold it for a moment); None while
+    another round holds it. A lock file that cannot be written raises (lock_write_error)."""
+    path = train_lock_path(config)
+    info = {"pid": os.getpid(), "trigger": trigger,
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return _retry(lambda: try_lock(path, info), wait)
+
+
+def train_lock_holder(config) -> int | str:
+    """The pid the train lock file names (``"?"`` when it names none)."""
+    return read_info(train_lock_path(config)).get("pid", "?")
 
 
 def read_lock(config) -> dict[str, Any]:

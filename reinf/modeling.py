@@ -64,12 +64,17 @@ class LoadPlan:
 
 
 def plan_load(device: str, dtype: str, quantization: str, *, cuda: bool, mps: bool,
-              bf16: bool = True) -> LoadPlan:
+              bf16: bool = True, for_training: bool = False,
+              gpu: str = "this GPU") -> LoadPlan:
     """Decide device, dtype and quantization from the settings and what the machine has.
 
     ``auto`` picks cuda, then mps, then cpu. dtype ``auto`` is bf16 on CUDA (fp16 where the
     GPU lacks bf16) and fp32 elsewhere. Quantization needs CUDA; without it the model loads
     unquantized and the plan carries a warning that `reinf status` shows.
+
+    Training in fp16 on a GPU without bf16 (``gpu`` names it) is refused: the trainer's
+    autocast is bf16-only and it has no loss scaling, without which fp16 gradients
+    underflow. Serving in fp16 there is fine.
     """
     if device == "auto":
         device = "cuda" if cuda else "mps" if mps else "cpu"
@@ -84,6 +89,11 @@ def plan_load(device: str, dtype: str, quantization: str, *, cuda: bool, mps: bo
             else torch.float32
     else:
         torch_dtype = DTYPES[dtype]
+    if for_training and device == "cuda" and torch_dtype == torch.float16 and not bf16:
+        raise ModelError(f"cannot train in float16 on {gpu}: it has no bfloat16, and float16 "
+                         "training would need loss scaling, which Reinf does not do",
+                         fix="set dtype: float32 (the server then runs in float32 too)",
+                         key="dtype")
     warnings = []
     if quantization != "none" and device != "cuda":
         warnings.append(f"quantization {quantization} needs CUDA (bitsandbytes); the model "
@@ -92,11 +102,12 @@ def plan_load(device: str, dtype: str, quantization: str, *, cuda: bool, mps: bo
     return LoadPlan(device, torch_dtype, quantization, tuple(warnings))
 
 
-def load_model(config: Config, *, device: str | None = None,
-               for_training: bool = False) -> LoadedModel:
+def load_model(config: Config, *, device: str | None = None, for_training: bool = False,
+               quantization: str | None = None) -> LoadedModel:
     """Load model and tokenizer as ``config.model`` says; errors become ``ModelError``.
 
-    ``device`` overrides the configured one. ``for_training`` uses ``ppo.train_device``
+    ``device`` overrides the configured one, ``quantization`` ``model.quantization`` (the
+    trainer's ``training.base_quantization``). ``for_training`` uses ``ppo.train_device``
     (``auto`` = the serving device) and leaves the weights' ``requires_grad`` alone; else
     all base weights are frozen. The model is always returned in eval mode (no dropout).
     """
@@ -106,8 +117,9 @@ def load_model(config: Config, *, device: str | None = None,
             config.ppo.train_device != "auto" else mcfg.device
     cuda = torch.cuda.is_available()
     mps = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
-    plan = plan_load(device, mcfg.dtype, mcfg.quantization, cuda=cuda, mps=mps,
-                     bf16=cuda and torch.cuda.is_bf16_supported())
+    bf16, gpu = cuda_facts() if cuda else (False, "")
+    plan = plan_load(device, mcfg.dtype, quantization or mcfg.quantization, cuda=cuda, mps=mps,
+                     bf16=bf16, for_training=for_training, gpu=gpu)
     name = resolve_model_path(config)
     offline = check_model_path(name, config)
     model = _load_weights(name, plan, mcfg.trust_remote_code, offline=offline)
@@ -127,6 +139,18 @@ def load_model(config: Config, *, device: str | None = None,
         log.warning(w)
     return LoadedModel(model, tokenizer, plan.device, model.dtype, plan.quantization, name,
                        warnings)
+
+
+def cuda_facts() -> tuple[bool, str]:
+    """Whether the CUDA GPU computes in bf16 natively, and its name for messages.
+
+    Compute capability 8.0 (Ampere) or newer; ``torch.cuda.is_bf16_supported()`` alone also
+    says yes on older GPUs, where bf16 is only emulated (slowly). ROCm: torch's answer."""
+    major, minor = torch.cuda.get_device_capability()
+    name = f"{torch.cuda.get_device_name()} (compute capability {major}.{minor})"
+    if getattr(torch.version, "hip", None):
+        return bool(torch.cuda.is_bf16_supported()), name
+    return (major, minor) >= (8, 0), name
 
 
 def check_model_path(name: str, config: Config) -> bool:

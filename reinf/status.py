@@ -68,6 +68,7 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         if not torch.cuda.is_available():
             warnings.append(f"quantization {config.model.quantization} needs CUDA; "
                             "the model loads unquantized on this machine")
+    out["memory"] = _memory_status(round_config, out["model"].get("device_in_use"), warnings)
     if out["reward_hook"].get("error"):
         hook = out["reward_hook"]
         fix = hook.get("fix") or "fix the hook"
@@ -148,6 +149,18 @@ def planned_device(setting: str) -> str:
         return "cuda"
     mps = getattr(torch.backends, "mps", None)
     return "mps" if mps is not None and mps.is_available() else "cpu"
+
+
+def _memory_status(config: Config, device: str | None, warnings: list[str]) -> dict:
+    """The memory plan of a round beside the server (reinf.memory), from config.json alone:
+    its summary line, and a warning with the fix where the round would not fit."""
+    from reinf.memory import plan_memory
+
+    plan = plan_memory(config, device=device if device in ("cuda", "mps", "cpu") else None)
+    if (warning := plan.warning()) is not None:
+        warnings.append(warning)
+    warnings.extend(plan.notes)
+    return {**plan.to_dict(), "summary": plan.summary()}
 
 
 def _lora_warning(setting, model_dir: Path) -> str | None:

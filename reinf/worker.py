@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from reinf.errors import ReinfError
-from reinf.lock import RETRY_SECONDS, acquire_train_lock, read_info, train_lock_path
+from reinf.lock import RETRY_SECONDS, acquire_train_lock, train_lock_holder
+from reinf.training.outcome import RoundOutcome
 
 log = logging.getLogger("reinf.worker")
 child_log = logging.getLogger("reinf.training.trainer.child")
@@ -65,7 +66,8 @@ class Outcome:
         return {"status": self.status, "message": self.message, "run_id": self.run_id,
                 "checkpoint_id": self.checkpoint_id, "metrics": self.metrics,
                 "exit_code": self.exit_code, "seconds": round(self.seconds, 2),
-                "error": self.error or ("error" if self.status == "failed" else None)}
+                "error": self.error or (RoundOutcome.FAILED.error
+                                        if self.status == RoundOutcome.FAILED.status else None)}
 
 
 def build_command(trigger: str, force: bool = False, *,
@@ -172,17 +174,14 @@ class ChildRunner:
     def run(self, trigger: str, *, force: bool = False) -> Outcome:
         """Spawn, watch and interpret one round. Blocks until the child is gone."""
         started = time.monotonic()
-        try:
-            train_lock = acquire_train_lock(self.config, trigger=trigger)
-            while train_lock is None and time.monotonic() < started + RETRY_SECONDS:
-                time.sleep(0.05)  # the reconcile job holds it for microseconds
-                train_lock = acquire_train_lock(self.config, trigger=trigger)
+        try:  # the reconcile job holds the lock for microseconds: wait that long
+            train_lock = acquire_train_lock(self.config, trigger=trigger, wait=RETRY_SECONDS)
         except ReinfError as exc:  # a full disk: the lock was not kept, the next round may go
             log.error("training round not started: %s", exc)
             return Outcome("failed", f"not started: {exc}",
                            seconds=time.monotonic() - started)
         if train_lock is None:
-            other = read_info(train_lock_path(self.config)).get("pid", "?")
+            other = train_lock_holder(self.config)
             return Outcome("skipped", "another training round is already running (started "
                            f"by pid {other})", held_by=other)
         try:
@@ -299,13 +298,13 @@ def interpret(returncode: int, out_lines: list[str], err_tail: list[str],
         return Outcome("failed", describe_signal(-returncode), exit_code=returncode)
     if payload is not None and payload.get("status") in ("succeeded", "rejected", "failed",
                                                          "skipped"):
-        status = payload["status"]
-        if returncode != 0 and status == "succeeded":
-            status = "failed"
-        return Outcome(status, str(payload.get("message") or status),
+        ended = RoundOutcome.of(payload["status"], payload.get("error"))
+        if ended is RoundOutcome.SUCCEEDED and returncode != ended.exit_code:
+            ended = RoundOutcome.FAILED  # a result line that the exit code contradicts
+        return Outcome(ended.status, str(payload.get("message") or ended.status),
                        run_id=payload.get("run_id"), checkpoint_id=payload.get("checkpoint_id"),
                        metrics=dict(payload.get("metrics") or {}), exit_code=returncode,
-                       error=payload.get("error") or ("error" if status == "failed" else None))
+                       error=ended.error)
     last = next((line for line in reversed(err_tail) if line.strip()), "")
     reason = f"the trainer exited with code {returncode} and no result"
     return Outcome("failed", f"{reason}: {last.strip()[:300]}" if last else reason,

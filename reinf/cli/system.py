@@ -141,6 +141,8 @@ def _print_status(d):
         + (" (ok)" if d["reward_hook"].get("ok") else " (BROKEN)"),
         f"log:                {d['log_file']} (trainer: {d['trainer_log_file']})",
     ]
+    if d.get("memory"):
+        lines.insert(4, f"memory plan:        {d['memory']['summary']}")
     click.echo("\n".join(lines))
     for w in d["warnings"]:
         click.secho(f"warning: {w}", fg="yellow")

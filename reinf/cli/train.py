@@ -10,13 +10,11 @@ promotion gate, 4 nothing new to train on, 5 reward hook broken, 6 model missing
 unloadable, 1 any other failure (a round already running included).
 """
 import sys
-import time
 
 import click
 
 from reinf.cli.common import emit, json_option
-from reinf.training.trainer import (EXIT_FAILED, EXIT_HOOK, EXIT_MODEL, EXIT_NOTHING, EXIT_REJECTED,
-                           EXIT_SUCCEEDED)
+from reinf.training.outcome import RoundOutcome
 
 # The daemon's reconcile job and a starting server hold the train lock for a moment.
 LOCK_RETRY_SECONDS = 1.0
@@ -67,18 +65,14 @@ def train(app, once, force, as_json):
 def train_here(app, *, force: bool, progress: bool):
     """One round in this process -> (exit code, payload, error)."""
     from reinf.errors import Conflict
-    from reinf.lock import acquire_train_lock, read_info, train_lock_path
+    from reinf.lock import acquire_train_lock, train_lock_holder
     from reinf.training.trainer import ProgressBar, apply_process_settings, run_once
 
     config, store = app.config, app.store
-    deadline = time.monotonic() + LOCK_RETRY_SECONDS
-    lock = acquire_train_lock(config, trigger="manual")  # one round at a time, daemon included
-    while lock is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-        lock = acquire_train_lock(config, trigger="manual")
+    # one round at a time, the daemon's included
+    lock = acquire_train_lock(config, trigger="manual", wait=LOCK_RETRY_SECONDS)
     if lock is None:
-        pid = read_info(train_lock_path(config)).get("pid", "?")
-        raise Conflict(f"another training round is running (pid {pid})",
+        raise Conflict(f"another training round is running (pid {train_lock_holder(config)})",
                        fix="wait for it to finish; `reinf status` shows the last run")
     bar = ProgressBar(enabled=progress)
     try:
@@ -87,7 +81,8 @@ def train_here(app, *, force: bool, progress: bool):
             # hook is the thing to fix, so it is what this says (exit 5), as with new ratings.
             broken = hook_problem(config, store)
             if broken is not None:
-                return EXIT_HOOK, hook_payload(broken), broken
+                hook = RoundOutcome.HOOK_BROKEN
+                return hook.exit_code, hook.payload(str(broken)), broken
         apply_process_settings(config)
         return run_once(config, store, trigger="manual", force=force, progress=bar)
     finally:
@@ -99,7 +94,7 @@ def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
     """Ask the running server for a round and wait for it -> (exit code, payload, error)."""
     from reinf.errors import Conflict, ReinfError
     from reinf.remote import request_train
-    from reinf.training.trainer import NothingToTrain
+    from reinf.training.outcome import NothingToTrain
 
     if not quiet:
         click.echo(f"reinf serve (pid {daemon['pid']}) uses this data directory: the round "
@@ -113,24 +108,19 @@ def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
         if answer.get("ratings_waiting") == 0 and not force:
             broken = hook_problem(config)  # the same file and settings as the server's
             if broken is not None:
-                return EXIT_HOOK, {**hook_payload(broken), "daemon": build_payload(
-                    {}, daemon)["daemon"]}, broken
+                hook = RoundOutcome.HOOK_BROKEN
+                return hook.exit_code, build_payload(hook.payload(str(broken)), daemon), broken
         if answer.get("ratings_waiting") == 0:
             error = NothingToTrain(reason, fix="rate some replies first, or pass --force to "
                                                "train on the stored ratings again")
-            return EXIT_CODES["nothing_to_train"], build_payload(
-                {"status": "skipped", "message": str(error), "error": "nothing_to_train"},
-                daemon), error
+            nothing = RoundOutcome.NOTHING_NEW
+            return nothing.exit_code, build_payload(nothing.payload(str(error)), daemon), error
         run = f", run #{answer['run_id']}" if answer.get("run_id") else ""
         raise Conflict(f"{reason} in reinf serve (pid {daemon['pid']}{run})",
                        fix="wait for it to finish; `reinf status` shows it")
-    result = answer.get("result") or {}
-    payload = build_payload(result, daemon)
-    status = payload["status"]
-    if status in ("succeeded", "rejected"):
-        return EXIT_CODES[status], payload, None
-    code = EXIT_CODES.get(payload["error"] or "error", EXIT_FAILED)
-    return code, payload, ReinfError(payload["message"])
+    payload = build_payload(answer.get("result") or {}, daemon)
+    ended = RoundOutcome.of(payload["status"], payload["error"])
+    return ended.exit_code, payload, None if ended.ok else ReinfError(payload["message"])
 
 
 def hook_problem(config, store=None):
@@ -147,21 +137,13 @@ def hook_problem(config, store=None):
     return None
 
 
-def hook_payload(error) -> dict:
-    """The --json shape of a round that the broken hook stopped (as run_once gives it)."""
-    return {"run_id": None, "status": "failed", "checkpoint_id": None, "metrics": {},
-            "message": str(error), "error": "hook"}
-
-
 def build_payload(result: dict, daemon: dict) -> dict:
     """The foreground's JSON shape, from the daemon's round result; "daemon" says where it
     ran and whether the new checkpoint was swapped into the running model."""
-    status = result.get("status") or "failed"
-    error = result.get("error")
-    if status == "failed" and not error:
-        error = "error"
-    if status == "skipped" and not error:
-        error = "error"  # not started: another process's round held the lock
+    status = result.get("status") or RoundOutcome.FAILED.status
+    # A skipped result without an error kind was not started: another process's round
+    # held the lock (FAILED: exit code 1, error "error").
+    error = result.get("error") or RoundOutcome.of(status).error
     return {"run_id": result.get("run_id"), "status": status,
             "checkpoint_id": result.get("checkpoint_id"), "metrics": result.get("metrics") or {},
             "message": result.get("message") or status, "error": error,
@@ -169,9 +151,5 @@ def build_payload(result: dict, daemon: dict) -> dict:
                        "swapped": result.get("swapped", False),
                        "trigger": result.get("trigger")}}
 
-
-EXIT_CODES = {"succeeded": EXIT_SUCCEEDED, "rejected": EXIT_REJECTED,
-              "nothing_to_train": EXIT_NOTHING, "hook": EXIT_HOOK, "model": EXIT_MODEL,
-              "error": EXIT_FAILED}
 
 COMMANDS = [train]

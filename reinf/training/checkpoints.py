@@ -6,7 +6,10 @@ A checkpoint lives in ``<data_dir>/checkpoints/<id>/`` and holds:
   ``PeftModel.from_pretrained(base, path)``; its ``base_model_name_or_path`` is the
   ``model_path`` setting as written (``reinf-demo``, a hub id), not this machine's path, so
   a checkpoint can be moved and shared (Reinf loads it onto a base it has already loaded);
-- ``value_head.safetensors``: the PPO value head;
+- ``value_head.safetensors``: the PPO value head, when the round trained it (GAE: cold-start
+  rounds, ``training.method: rated``, ``ppo.advantage: gae``); optional, since an RLOO round
+  neither reads nor trains it, and a round whose checkpoint has none starts a fresh (zero)
+  head;
 - ``rating_model.safetensors``: the round's rating model (``reinf.training.rating_model``),
   when the round fitted one; optional, since each round fits it afresh from the ratings;
 - ``trainer_state.pt``: optimizer state, KL controller, running reward statistics and the
@@ -37,11 +40,11 @@ from typing import Any
 from reinf.errors import TrainingError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-VALUE_HEAD = "value_head.safetensors"
+VALUE_HEAD = "value_head.safetensors"       # optional: not in REQUIRED
 RATING_MODEL = "rating_model.safetensors"   # optional: not in REQUIRED
 TRAINER_STATE = "trainer_state.pt"
 METRICS = "metrics.json"
-REQUIRED = ADAPTER_FILES + (VALUE_HEAD, TRAINER_STATE, METRICS)
+REQUIRED = ADAPTER_FILES + (TRAINER_STATE, METRICS)
 TMP_PREFIX = ".tmp-"
 
 
@@ -69,6 +72,7 @@ def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
     """Write a checkpoint atomically and return its final path.
 
     ``model`` is the PEFT model (``save_pretrained`` writes only the adapter);
+    ``value_head`` the value head, or None when the round did not train it;
     ``rating_model`` the rating model's tensors (``RatingModel.state_dict()``), if any;
     ``base_model_name`` the base model as the adapter config records it (default: the
     path it was loaded from).
@@ -88,8 +92,9 @@ def write_checkpoint(root: Path, checkpoint_id: str, *, model, value_head,
         model.save_pretrained(str(tmp))
         if base_model_name:
             record_base_model(tmp, base_model_name)
-        save_file({k: v.detach().float().cpu().contiguous()
-                   for k, v in value_head.state_dict().items()}, str(tmp / VALUE_HEAD))
+        if value_head is not None:
+            save_file({k: v.detach().float().cpu().contiguous()
+                       for k, v in value_head.state_dict().items()}, str(tmp / VALUE_HEAD))
         torch.save(state, tmp / TRAINER_STATE)
         if rating_model is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in rating_model.items()},
@@ -133,7 +138,7 @@ def publish(tmp: Path, final: Path) -> None:
 @dataclass
 class LoadedCheckpoint:
     path: Path
-    value_head: dict[str, Any] | None   # name -> tensor; None: the file is damaged
+    value_head: dict[str, Any] | None   # name -> tensor; None: no file, or a damaged one
     state: dict[str, Any] | None        # None: the file is damaged
     metrics: dict[str, Any]             # {} when the file is damaged
     # (file name, why) for each file that exists but cannot be read
@@ -147,6 +152,7 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
     A value head, trainer state or metrics file that is there but cannot be read (damaged
     on disk, written by something else) comes back as None (``{}`` for the metrics), named
     in ``damaged`` with the reason, so the caller can start those parts fresh and say so.
+    No value head file (a round that did not train one) is None too, and no damage.
     """
     import torch
     from safetensors.torch import load_file
@@ -170,7 +176,8 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
             return None
         return value
 
-    value_head = read(VALUE_HEAD, lambda f: load_file(str(f)), dict)
+    value_head = (read(VALUE_HEAD, lambda f: load_file(str(f)), dict)
+                  if (path / VALUE_HEAD).exists() else None)
     state = read(TRAINER_STATE, lambda f: torch.load(f, map_location="cpu", weights_only=True),
                  dict)
     metrics = read(METRICS, lambda f: json.loads(f.read_text(encoding="utf-8")), dict)

@@ -26,8 +26,8 @@ Advantages (``Hyper.advantage``), both whitened over real tokens with the sample
   episode's return is its reward minus ``kl_coef * sum_t (logp_old - logp_ref)``; every
   token of episode i gets ``return_i`` minus the mean return of the *other* episodes of its
   group (``Rollout.groups``: k replies to one prompt), or minus the mean of every other
-  episode of the batch when it is alone in its group. No value head: the value loss is 0,
-  the head is untouched and ``explained_variance`` is nan.
+  episode of the batch when it is alone in its group. No value head: it is neither read nor
+  trained, and ``value_loss`` and ``explained_variance`` are nan (null in JSON).
 
 The loss adds, with weight ``kl_loss_coef``, the k3 estimate of KL(new || ref) on each
 sampled token (as GRPO does): the penalty in the return only tells a whole reply that it
@@ -43,7 +43,9 @@ reply tokens; per-minibatch figures are averaged over the round):
 - ``staleness``: mean ``|logp_old - logp_behaviour|`` once per round: how far the adapter
   moved since the replies were sampled, and any disagreement of serving and training
   numerics (bf16 vs fp32);
-- ``explained_variance``: of the GAE returns by the round-start values.
+- ``explained_variance`` (GAE): of the round's returns by the value head's round-start
+  values, i.e. by the head as the earlier rounds left it: 0 for a fresh (zero) head, 1 for
+  a perfect one, below 0 when it predicts worse than the mean return.
 
 KL figures (``kl``, ``kl_target``, ``kl_max``) are per reply token, averaged over the
 round's tokens, in nats: ``kl`` is the exact KL(policy || base) over the whole vocabulary
@@ -327,26 +329,49 @@ def explained_variance(y_pred: Tensor, y_true: Tensor, mask: Tensor) -> float:
 
 @dataclass
 class KLController:
-    """Adaptive KL coefficient (Ziegler et al. 2019): proportional control towards target.
+    """Adaptive KL coefficient (Ziegler et al. 2019): proportional control towards the
+    target, stepped once a round with the round's measured KL, never below ``floor``
+    (the configured ``kl_coef``):
 
-    coef <- coef (1 + clip(kl / target - 1, -0.2, 0.2) n_steps / horizon)
+    coef <- max(floor, coef (1 + clip(kl / target - 1, -0.2, 0.2) / horizon))
+
+    ``horizon`` counts rounds: at 1 the clipped error is closed in one round, so KL at twice
+    the target raises the coefficient by 20% a round (x1.73 over three), and KL at half of
+    it lowers a raised one by 20% a round (x0.51 over three) until it is back at the floor.
+    Ziegler's horizon counts samples, for an update every batch of a long run; Reinf
+    measures KL once a round, a round is tens of samples, and a horizon of 1000 samples
+    moved the coefficient by at most 1.6% a round.
+
+    Why a floor: KL starts near 0 because the adapter starts at zero, not because the
+    penalty holds it there. A controller free to go down cut kl_coef from 0.1 to 0.023 in
+    the first eight rounds (prefers-terse, demo model), and KL then overshot to twice the
+    target and stayed there while the coefficient climbed back (final KL 0.108 against
+    0.041). With the floor, it stays at kl_coef until KL passes the target and then brakes
+    (docs/training.md).
     """
     coef: float
     target: float
-    horizon: int
+    horizon: int = 1
     adaptive: bool = True
+    floor: float | None = None  # None: the starting coef
 
-    def update(self, kl: float, n_steps: int) -> float:
+    def __post_init__(self) -> None:
+        if self.floor is None:
+            self.floor = self.coef
+
+    def update(self, kl: float) -> float:
+        """One round's step from that round's KL (per token); the new coefficient."""
         if self.adaptive and self.target > 0 and math.isfinite(kl):
             error = min(max(kl / self.target - 1, -0.2), 0.2)
-            self.coef *= 1 + error * n_steps / self.horizon
+            self.coef = max(self.floor, self.coef * (1 + error / self.horizon))
         return self.coef
 
     def state_dict(self) -> dict:
         return {"coef": self.coef}
 
     def load_state_dict(self, state: dict) -> None:
-        self.coef = float(state["coef"])
+        """The saved coefficient, raised to the floor (a kl_coef raised since counts now)."""
+        self.coef = max(self.floor, float(state["coef"]))
 
 
 @dataclass
@@ -574,14 +599,15 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         b_kl = measure_kl(policy, b, hp.batch_size)
     kl = float(weighted_mean(b_kl, b.mask, torch.ones_like(b.weights)))
     kl_coef_used = kl_ctl.coef
-    kl_ctl.update(kl, len(b))
+    kl_ctl.update(kl)
     mean = {k: (sum(v) / len(v) if v else math.nan) for k, v in log.items()}
     nan = nan or not all(torch.isfinite(p).all() for p in params)
     return {
         "reward_mean": float(b.rewards.mean()), "kl": kl, "approx_kl": mean["approx_kl"],
         "old_approx_kl": mean["old_approx_kl"], "clipfrac": mean["clipfrac"],
         "staleness": staleness, "policy_loss": mean["policy_loss"],
-        "value_loss": mean["value_loss"],
+        # the value head's figures where it was trained (GAE), nan where it was not (RLOO)
+        "value_loss": mean["value_loss"] if gae else math.nan,
         "explained_variance": (explained_variance(b_values, b_returns, b.mask) if gae
                                else math.nan),
         "entropy": mean["entropy"], "samples": len(b), "tokens": int(b.mask.sum()),

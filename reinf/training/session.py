@@ -61,15 +61,25 @@ def resolve_train_device(config) -> tuple[str | None, list[str]]:
 
 
 def load_base(config, device: str | None):
-    """The base model for training, via reinf.modeling; a missing model says so plainly."""
+    """The base model for training, via reinf.modeling; a missing model says so plainly.
+
+    Its quantization is ``training.base_quantization`` (reinf.memory.trainer_quantization):
+    with ``auto``, a 4-bit base where the memory plan says an unquantized one will not fit
+    beside the server on the GPU; the round's warnings then say so."""
+    from reinf.memory import trainer_quantization
     from reinf.modeling import load_model
 
+    quantization, why = trainer_quantization(config)
     try:
-        return load_model(config, device=device, for_training=True)
+        loaded = load_model(config, device=device, for_training=True, quantization=quantization)
     except ModelError as exc:
         if exc.message.startswith("no model"):
             raise ModelError(f"model missing: {exc.message}", fix=exc.fix, key=exc.key) from exc
         raise
+    if why and loaded.quantization != "none":
+        log.warning(why)
+        loaded.warnings.append(why)
+    return loaded
 
 
 def prepare_for_training(loaded, gradient_checkpointing: bool):
@@ -123,8 +133,10 @@ def build_session(config, store) -> Session:
         else:
             peft_model = fresh_adapter(model, config, seed=ppo.seed)
     value_head.to(loaded.device)
+    from reinf.modeling import cuda_facts  # native bf16 only: emulated bf16 is slow
+
     amp = torch.bfloat16 if (str(loaded.device).startswith("cuda")
-                             and torch.cuda.is_bf16_supported()) else None
+                             and cuda_facts()[0]) else None
     policy = Policy(peft_model, value_head, amp_dtype=amp,
                     detach_value=ppo.value_detach)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=ppo.learning_rate, weight_decay=0.0)
@@ -148,7 +160,10 @@ def build_session(config, store) -> Session:
     counters = {k: int(state.get(k, 0)) for k in ("round", "global_step", "samples_seen")}
     from reinf.modeling import get_context_limit
 
-    limit = get_context_limit(loaded.model, loaded.tokenizer)
+    # The longest row a round reads: the model's own limit, or less (training.max_train_tokens
+    # bounds the round's memory, reinf.memory).
+    limit = min(get_context_limit(loaded.model, loaded.tokenizer),
+                config.training.max_train_tokens)
     return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings,
                    context_limit=limit)
 

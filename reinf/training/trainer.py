@@ -23,10 +23,11 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    ``training.max_perplexity_increase`` over the base, is ``rejected``: its row is
    recorded, no files are kept, and it is never activated; after a KL rejection the next
    round from the same parent starts with at least twice the rejected round's kl_coef;
-6. writes the checkpoint atomically (adapter, value head, rating model, state), records and
-   activates it, applies retention, and finishes the run with its metrics. If a turn it
-   trained on (or the context of one) was forgotten while it ran, that same transaction
-   refuses: the run is ``rejected`` naming how many, and the files are removed.
+6. writes the checkpoint atomically (adapter, rating model, state, and the value head when
+   the round trained it: GAE), records and activates it, applies retention, and finishes
+   the run with its metrics. If a turn it trained on (or the context of one) was forgotten
+   while it ran, that same transaction refuses: the run is ``rejected`` naming how many,
+   and the files are removed.
 
 Any failure finishes the run as ``failed`` with a one-line reason and raises a ReinfError
 for the person; the traceback goes to ``<data_dir>/logs/trainer.log`` only.
@@ -46,16 +47,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reinf.training import checkpoints
-from reinf.errors import HookError, ModelError, ReinfError, TrainingError
+from reinf.errors import HookError, ReinfError, TrainingError
+from reinf.training.outcome import NothingToTrain, RoundOutcome
 
 log = logging.getLogger("reinf.training.trainer")
 STATE_VERSION = 1
 OOM_FIX = ("lower batch_size (raise gradient_accumulation_steps to keep the step size), set "
            "gradient_checkpointing: true, or quantization: 4bit on CUDA")
-
-
-class NothingToTrain(TrainingError):
-    """No rating arrived since the last finished round."""
 
 
 @dataclass
@@ -194,15 +192,19 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         parent = session.parent_id or "the base model"
         return RoundResult(run_id, "rejected", metrics, ckpt_id,
                            f"round rejected: {reason}; {parent} stays active")
-    # 6. The checkpoint, written atomically, then promoted.
+    # 6. The checkpoint, written atomically, then promoted. The value head goes with it only
+    #    when this round trained it (GAE); an RLOO round neither read nor trained it.
     report({"stage": "checkpoint", "checkpoint_id": ckpt_id})
-    state = {"version": STATE_VERSION, "optimizer": session.optimizer.state_dict(),
+    value_head = session.policy.value_head if hp.advantage == "gae" else None
+    state = {"version": STATE_VERSION,
+             "optimizer": optimizer_state(session.policy, session.optimizer,
+                                          value_head=value_head is not None),
              "kl_controller": session.kl_ctl.state_dict(),
              "reward_stats": session.reward_stats.state_dict(), **counters}
     lineage = {"checkpoint_id": ckpt_id, "parent_id": session.parent_id, "run_id": run_id,
                "base_model": session.loaded.name}
     path = checkpoints.write_checkpoint(
-        root, ckpt_id, model=session.policy.model, value_head=session.policy.value_head,
+        root, ckpt_id, model=session.policy.model, value_head=value_head,
         state=state, metrics={**metrics, **lineage},
         rating_model=plan.rating_model.state_dict() if plan.rating_model else None,
         base_model_name=config.model.model_path)
@@ -224,6 +226,17 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                        f"round {counters['round']} ({plan.mode}): checkpoint {ckpt_id} is "
                        f"active ({len(b)} samples, reward_mean {metrics['reward_mean']:.3f}, "
                        f"kl {metrics['kl']:.4f}/token, {metrics['seconds']:.1f} s)")
+
+
+def optimizer_state(policy, optimizer, *, value_head: bool) -> dict[str, Any]:
+    """The optimizer's state for the checkpoint; without the value head's moments when the
+    checkpoint carries no value head (the next round that needs one starts it fresh)."""
+    state = optimizer.state_dict()
+    if not value_head:
+        head = {id(p) for p in policy.value_head.parameters()}
+        drop = {i for i, p in enumerate(policy.parameters()) if id(p) in head}
+        state["state"] = {i: s for i, s in state["state"].items() if i not in drop}
+    return state
 
 
 # --- stage 1: the rating model ----------------------------------------------------------
@@ -401,7 +414,10 @@ def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: 
 def gate(metrics: dict[str, Any], kl_max: float, max_perplexity_increase: float = math.inf
          ) -> str | None:
     """Why a round must not be promoted, or None."""
-    numbers = [metrics[k] for k in ("reward_mean", "kl", "policy_loss", "value_loss")]
+    # the value loss only where the value head was trained (GAE; RLOO reports nan)
+    keys = ("reward_mean", "kl", "policy_loss") + (
+        ("value_loss",) if metrics.get("advantage", "gae") == "gae" else ())
+    numbers = [metrics[k] for k in keys]
     if metrics.get("nan") or not all(math.isfinite(x) for x in numbers):
         return "NaN in the round (loss, reward or weights)"
     if metrics["kl"] > kl_max:
@@ -446,26 +462,16 @@ def _log_failure(config, run_id: int, exc: BaseException) -> None:
 
 # --- the CLI and the child process share this ---------------------------------------------
 
-# Exit codes of `python -m reinf.training.trainer` and `reinf train` (the daemon reads them).
-EXIT_SUCCEEDED, EXIT_FAILED, EXIT_REJECTED, EXIT_NOTHING, EXIT_HOOK, EXIT_MODEL = 0, 1, 3, 4, 5, 6
-
-
 def run_once(config, store, *, trigger: str = "manual", force: bool = False,
              progress: Callable | None = None) -> tuple[int, dict, ReinfError | None]:
     """One round -> (exit code, JSON payload, the error for the person or None)."""
     try:
         result = train_round(config, store, trigger=trigger, progress=progress, force=force)
     except ReinfError as exc:
-        kind, code = next((k, c) for t, k, c in (
-            (NothingToTrain, "nothing_to_train", EXIT_NOTHING), (HookError, "hook", EXIT_HOOK),
-            (ModelError, "model", EXIT_MODEL), (ReinfError, "error", EXIT_FAILED))
-            if isinstance(exc, t))
-        return code, {"run_id": getattr(exc, "run_id", None),
-                      "status": "skipped" if kind == "nothing_to_train" else "failed",
-                      "checkpoint_id": None, "metrics": {}, "message": str(exc),
-                      "error": kind}, exc
-    code = EXIT_SUCCEEDED if result.status == "succeeded" else EXIT_REJECTED
-    return code, {**result.to_dict(), "error": None}, None
+        outcome = RoundOutcome.of_exception(exc)
+        run_id = getattr(exc, "run_id", None)
+        return outcome.exit_code, outcome.payload(str(exc), run_id=run_id), exc
+    return RoundOutcome.of(result.status).exit_code, {**result.to_dict(), "error": None}, None
 
 
 def apply_process_settings(config, *, nice: bool = False) -> None:
@@ -531,7 +537,7 @@ class ProgressBar:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m reinf.training.trainer``: one round in a child process; the JSON result is the
-    last line of stdout with --json. Exit codes: see EXIT_*."""
+    last line of stdout with --json. Exit codes: see RoundOutcome (reinf.training.outcome)."""
     import argparse
     import json
 
@@ -560,9 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bar.close()
     except ReinfError as exc:  # config or database trouble, before any run row exists
-        code, err = EXIT_FAILED, exc
-        payload = {"run_id": None, "status": "failed", "checkpoint_id": None, "metrics": {},
-                   "message": str(exc), "error": "error"}
+        failed = RoundOutcome.FAILED
+        code, payload, err = failed.exit_code, failed.payload(str(exc)), exc
     finally:
         if store is not None:
             store.close()

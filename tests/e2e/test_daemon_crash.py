@@ -233,7 +233,7 @@ def test_a_published_checkpoint_without_its_row_is_adopted_or_removed(home, serv
 
     orphan = "r0002-20300101-000000-aaaa"
     publish_unrecorded(orphan, run=run_id)
-    publish_unrecorded("r0003-20300101-000000-bbbb", run=run_id, drop="value_head.safetensors")
+    publish_unrecorded("r0003-20300101-000000-bbbb", run=run_id, drop="trainer_state.pt")
     publish_unrecorded("r0004-20300101-000000-cccc", run=9999)  # its run is not in the DB
     (root / "my-notes").mkdir()  # not a name Reinf writes
 

@@ -44,7 +44,7 @@ def run_round(policy, logprobs_per_sample, lr=0.0):
     b = build_rollout([(PROMPT, REPLY, lps, T, 1.0, 1.0) for lps in logprobs_per_sample])
     opt = torch.optim.AdamW(policy.parameters(), lr=lr)
     hp = Hyper(batch_size=1, ppo_epochs=1, ppo_clip=0.2, dual_clip=0.0)
-    return train_policy(policy, opt, b, KLController(0.05, 0.05, 1000), hp)
+    return train_policy(policy, opt, b, KLController(0.05, 0.05), hp)
 
 
 def test_ratio_is_taken_against_the_stored_behaviour_logprobs(model_dir):
@@ -112,14 +112,15 @@ def test_rloo_trains_the_adapter_towards_the_reward_and_leaves_the_value_head(mo
     before, pref_before = [p.detach().clone() for p in policy.parameters()], preference()
     b = build_rollout(eps, groups=[0, 0, 1, 1])
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)  # weight decay would move a zero grad
-    metrics = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+    metrics = train_policy(policy, opt, b, KLController(0.05, 0.05),
                            Hyper(batch_size=2, ppo_epochs=2, advantage="rloo"))
     after = policy.parameters()
     assert not metrics["nan"] and metrics["steps"] == 4
     assert any(not torch.equal(x, y) for x, y in zip(before[:-2], after[:-2]))  # LoRA moved
     assert all(torch.equal(x, y) for x, y in zip(before[-2:], after[-2:]))      # value head not
     assert all(p.grad is None for p in policy.value_head.parameters())
-    assert metrics["value_loss"] == 0.0 and math.isnan(metrics["explained_variance"])
+    # no value head in the round: its figures are nan (null), not a perfect-looking 0
+    assert math.isnan(metrics["value_loss"]) and math.isnan(metrics["explained_variance"])
     policy.model.eval()
     assert preference() > pref_before + 0.1
 
@@ -131,7 +132,7 @@ def test_non_finite_gradient_stops_the_round(model_dir):
     b = build_rollout([(PROMPT, REPLY, [-1.0] * 4, T, 1.0, 1.0)] * 2)
     before = [p.detach().clone() for p in policy.parameters()]
     metrics = train_policy(policy, torch.optim.AdamW(policy.parameters(), lr=1e-2), b,
-                           KLController(0.05, 0.05, 1000), Hyper(batch_size=1))
+                           KLController(0.05, 0.05), Hyper(batch_size=1))
     assert metrics["nan"] and metrics["steps"] == 0 and metrics["epochs_run"] == 1
     assert math.isfinite(metrics["policy_loss"])  # the losses were fine, the gradient was not
     assert all(torch.equal(x, y) for x, y in zip(before, policy.parameters()))
@@ -171,7 +172,7 @@ def test_nan_in_rewards_stops_the_round(model_dir):
     b = build_rollout([(PROMPT, REPLY, [-1.0] * 4, T, float("nan"), 1.0)] * 2)
     before = [p.detach().clone() for p in policy.parameters()]
     metrics = train_policy(policy, torch.optim.AdamW(policy.parameters(), lr=1e-2), b,
-                           KLController(0.05, 0.05, 1000), Hyper(batch_size=1))
+                           KLController(0.05, 0.05), Hyper(batch_size=1))
     assert metrics["nan"] and metrics["steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
@@ -217,7 +218,7 @@ def sgd_round(model_dir, episodes, **hyper):
     policy = build_policy(model_dir)
     b = build_rollout(episodes)
     opt = torch.optim.SGD(policy.parameters(), lr=0.5)
-    metrics = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+    metrics = train_policy(policy, opt, b, KLController(0.05, 0.05),
                            Hyper(ppo_epochs=1, max_grad_norm=0.0, **hyper))
     return metrics, torch.cat([p.detach().flatten() for p in policy.parameters()])
 
@@ -248,13 +249,13 @@ def test_early_stop_when_approx_kl_exceeds_target(model_dir):
     policy = build_policy(model_dir)
     b = build_rollout(eps)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    stopped = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+    stopped = train_policy(policy, opt, b, KLController(0.05, 0.05),
                            Hyper(batch_size=1, ppo_epochs=4, target_kl=1e-9))
     assert stopped["early_stopped"] and stopped["epochs_run"] == 1
     assert stopped["early_stop_epoch"] == 1 and stopped["steps"] == 2
     policy = build_policy(model_dir)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    full = train_policy(policy, opt, b, KLController(0.05, 0.05, 1000),
+    full = train_policy(policy, opt, b, KLController(0.05, 0.05),
                         Hyper(batch_size=1, ppo_epochs=4, target_kl=0.0))
     assert not full["early_stopped"] and full["epochs_run"] == 4 and full["steps"] == 8
 
@@ -297,7 +298,7 @@ def test_entropy_bonus_raises_entropy(model_dir):
         policy = build_policy(model_dir)
         b = build_rollout(eps)
         opt = torch.optim.SGD(policy.parameters(), lr=0.5)
-        train_policy(policy, opt, b, KLController(0.0, 0.05, 1000),
+        train_policy(policy, opt, b, KLController(0.0, 0.05),
                      Hyper(batch_size=2, ppo_epochs=3, ent_coef=coef, vf_coef=0.0))
         with update_mode(policy.model):
             ent[coef] = float(policy.forward(b).entropy.mean())

@@ -202,6 +202,50 @@ def test_cold_start_trains_on_rated_replies_and_says_why(config, store):
     assert training["last_mode"] == "rated" and "cold start" in training["last_mode_reason"]
 
 
+def test_only_rounds_that_train_the_value_head_keep_it(config, store):
+    """A cold start (GAE) trains the value head: its checkpoint keeps it, and the round
+    reports its value loss and explained variance. An RLOO rollout round neither reads nor
+    trains it: its checkpoint has no value head file and no optimizer moments for one, the
+    round reports both figures as nan (null), and the next round starts a fresh (zero)
+    head with no warning."""
+    import math
+    from pathlib import Path
+
+    from reinf.training import checkpoints
+    from reinf.training.session import build_session
+    from reinf.training.trainer import train_round
+
+    rate_demo_turns(config, store, 5)
+    cold = train_round(config, store)
+    assert cold.metrics["mode"] == "rated" and cold.metrics["advantage"] == "gae"
+    assert math.isfinite(cold.metrics["value_loss"]) and cold.metrics["value_loss"] > 0
+    assert math.isfinite(cold.metrics["explained_variance"])
+    cold_path = Path(store.active_checkpoint().path)
+    assert (cold_path / checkpoints.VALUE_HEAD).is_file()
+    n_params = len(checkpoints.load_checkpoint(cold_path).state["optimizer"]["param_groups"][0]
+                   ["params"])
+    assert len(checkpoints.load_checkpoint(cold_path).state["optimizer"]["state"]) == n_params
+
+    cfg = config.replace(training_min_consistency=-1.0, training_rollout_prompts=4,
+                         training_rollouts_per_prompt=2)
+    rate_demo_turns(cfg, store, 8, seed=1)
+    rollout = train_round(cfg, store)
+    m = rollout.metrics
+    assert rollout.status == "succeeded", rollout.message
+    assert m["mode"] == "rollouts" and m["advantage"] == "rloo", m["mode_reason"]
+    assert math.isnan(m["value_loss"]) and math.isnan(m["explained_variance"])
+    run = store.get_run(rollout.run_id)
+    assert run.metrics["value_loss"] is None and run.metrics["explained_variance"] is None
+    path = Path(store.active_checkpoint().path)
+    assert checkpoints.is_complete(path) and not (path / checkpoints.VALUE_HEAD).exists()
+    moments = checkpoints.load_checkpoint(path).state["optimizer"]["state"]
+    assert sorted(moments) == list(range(n_params - 2))  # the adapter's; the head's are gone
+
+    session = build_session(cfg, store)
+    assert all(not p.detach().any() for p in session.policy.value_head.parameters())
+    assert not [w for w in session.warnings if "cannot be read" in w]
+
+
 def test_forgotten_turns_never_reach_the_rating_model(config, store):
     from reinf.training.trainer import train_round
 

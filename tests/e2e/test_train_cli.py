@@ -10,7 +10,7 @@ import trainkit as tk
 from conftest import REPO, clean_env
 from reinf.config import load_config
 from reinf.store import Store
-from reinf.training.trainer import EXIT_HOOK, EXIT_MODEL, EXIT_NOTHING, EXIT_REJECTED, EXIT_SUCCEEDED
+from reinf.training.outcome import RoundOutcome
 
 pytestmark = pytest.mark.e2e
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
@@ -46,11 +46,11 @@ def add_turns(config, model_dir, n=8, seed=0):
 def test_train_json_and_nothing_new(home, model_dir, invoke):
     config = write_config(home, model_dir)
     first = invoke("train")
-    assert first.exit_code == EXIT_NOTHING
+    assert first.exit_code == RoundOutcome.NOTHING_NEW.exit_code
     assert "nothing new to train on" in first.output and "Traceback" not in first.output
     add_turns(config, model_dir)
     result = invoke("train", "--once", "--json")
-    assert result.exit_code == EXIT_SUCCEEDED, result.output
+    assert result.exit_code == RoundOutcome.SUCCEEDED.exit_code, result.output
     out = json.loads(result.stdout)
     assert out["status"] == "succeeded" and out["error"] is None
     assert DOCUMENTED_METRICS <= set(out["metrics"])
@@ -59,7 +59,7 @@ def test_train_json_and_nothing_new(home, model_dir, invoke):
     assert store.active_checkpoint().id == out["checkpoint_id"]
     assert store.get_run(out["run_id"]).status == "succeeded"
     skipped = invoke("train", "--json")
-    assert skipped.exit_code == EXIT_NOTHING
+    assert skipped.exit_code == RoundOutcome.NOTHING_NEW.exit_code
     assert json.loads(skipped.stdout)["status"] == "skipped"
 
 
@@ -77,7 +77,7 @@ def test_train_rejected_exit_code(home, model_dir, invoke):
     config = write_config(home, model_dir, kl_max=1e-9)
     add_turns(config, model_dir)
     result = invoke("train")
-    assert result.exit_code == EXIT_REJECTED
+    assert result.exit_code == RoundOutcome.REJECTED.exit_code
     assert "round rejected" in result.stdout and "kl_max" in result.stdout
 
 
@@ -85,14 +85,14 @@ def test_model_missing_and_hook_broken(home, tmp_path, model_dir, invoke):
     config = write_config(home, tmp_path / "gone")
     add_turns(config, model_dir, n=2)
     missing = invoke("train")
-    assert missing.exit_code == EXIT_MODEL
+    assert missing.exit_code == RoundOutcome.MODEL_MISSING.exit_code
     assert "model missing" in missing.output and "set model_path to a name" in missing.output
     config = write_config(home, model_dir)
     (home / "mapper.py").write_text("def reward_mapper(score, metadata):\n    return undefined\n")
     text = (home / "config.yaml").read_text() + f"reward_mapper: {home / 'mapper.py'}:reward_mapper\n"
     (home / "config.yaml").write_text(text)
     broken = invoke("train", "--json")
-    assert broken.exit_code == EXIT_HOOK
+    assert broken.exit_code == RoundOutcome.HOOK_BROKEN.exit_code
     out = json.loads(broken.stdout)
     assert out["status"] == "failed" and out["error"] == "hook"
     assert out["message"].startswith("reward hook broken:") and "undefined" in out["message"]
@@ -104,7 +104,7 @@ def test_child_process_same_behaviour(home, model_dir):
     env = clean_env(home, REINF_TRAIN_THREADS="1")
     cmd = [sys.executable, "-m", "reinf.training.trainer", "--json", "--trigger", "schedule"]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == EXIT_SUCCEEDED, proc.stderr[-3000:]
+    assert proc.returncode == RoundOutcome.SUCCEEDED.exit_code, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["status"] == "succeeded" and DOCUMENTED_METRICS <= set(last["metrics"])
     store = Store.open(config)
@@ -112,7 +112,7 @@ def test_child_process_same_behaviour(home, model_dir):
     assert run.trigger == "schedule" and run.checkpoint_id == last["checkpoint_id"]
     assert "PPO" in proc.stderr and "Traceback" not in proc.stderr
     again = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert again.returncode == EXIT_NOTHING
+    assert again.returncode == RoundOutcome.NOTHING_NEW.exit_code
     assert json.loads(again.stdout.strip().splitlines()[-1])["error"] == "nothing_to_train"
     assert "nothing new to train on" in again.stderr
 
@@ -140,14 +140,15 @@ def test_a_broken_hook_is_reported_even_with_nothing_new(home, tmp_path, invoke)
     with open(home / "config.yaml", "a") as f:
         f.write(f"reward_mapper: {home / 'mapper.py'}:reward_mapper\n")
     broken = invoke("train", "--json")
-    assert broken.exit_code == EXIT_HOOK, broken.output
+    assert broken.exit_code == RoundOutcome.HOOK_BROKEN.exit_code, broken.output
     out = json.loads(broken.stdout)
     assert (out["status"], out["error"], out["run_id"]) == ("failed", "hook", None)
     assert out["message"].startswith("reward hook broken:") and "undefined" in out["message"]
     assert "nothing new" not in broken.output
     text_out = invoke("train")
-    assert text_out.exit_code == EXIT_HOOK
+    assert text_out.exit_code == RoundOutcome.HOOK_BROKEN.exit_code
     assert "undefined" in text_out.output and "Traceback" not in text_out.output
     assert text_out.output.count("training is paused") == 1
     (home / "mapper.py").write_text("def reward_mapper(score, metadata):\n    return 0.0\n")
-    assert invoke("train").exit_code == EXIT_NOTHING  # fixed: back to "nothing new"
+    # fixed: back to "nothing new"
+    assert invoke("train").exit_code == RoundOutcome.NOTHING_NEW.exit_code

@@ -361,6 +361,34 @@ def test_status_names_the_device_auto_picks(invoke, seeded, monkeypatch):
     assert "device:             cpu\n" in invoke("status").output
 
 
+def test_status_prints_the_memory_plan_and_warns_before_a_round_would_fail(
+        invoke, seeded, monkeypatch):
+    """From the demo model's config.json, no model load: server + trainer against the RAM."""
+    import torch
+
+    import reinf.memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setenv("REINF_MODEL_PATH", "reinf-demo")
+    plan = json.loads(invoke("status", "--json").output)["memory"]
+    assert plan["verdict"] == "fits" and 0.8e6 < plan["params"] < 1.0e6
+    assert plan["peak_bytes"] == plan["server_bytes"] + plan["trainer_bytes"]
+    assert plan["summary"].endswith("on cpu — fits (minibatches of 8 x 512 tokens)")
+    out = invoke("status").output
+    assert f"\nmemory plan:        {plan['summary']}\n" in out
+    assert "warning: a training round" not in out
+
+    monkeypatch.setattr(reinf.memory, "physical_memory", lambda: (2 * 2 ** 30, None))
+    monkeypatch.setenv("REINF_BATCH_SIZE", "64")  # a 2 GiB machine, minibatches of 64 rows
+    out = invoke("status").output
+    assert "peak of 2.0 GiB on cpu — will not fit (minibatches of 64 x 512 tokens)\n" in out
+    [warning] = [line for line in out.splitlines() if "a training round beside" in line]
+    assert warning.startswith("warning: a training round beside the server needs about ")
+    assert "which has 2.0 GiB: it will run out of memory — set gradient_checkpointing: " \
+           "true, or batch_size: " in warning
+
+
 def test_a_broken_hook_warning_says_training_is_paused_once(invoke, seeded, home, monkeypatch):
     (home / "mapper.py").write_text("def reward_mapper(score, metadata):\n    return undefined\n")
     monkeypatch.setenv("REINF_REWARD_MAPPER", f"{home / 'mapper.py'}:reward_mapper")

@@ -152,6 +152,19 @@ def test_replace_validates_like_the_file(config):
         config.replace(learning_rate=-1)
 
 
+def test_a_config_file_from_the_sample_counting_kl_controller_gets_one_line(tmp_path, home):
+    """kl_horizon counted samples (default 1000, which every `reinf init` wrote); it counts
+    rounds now, and such a file stops start-up with one line saying what to do."""
+    f = write(tmp_path / "old.yaml", "ppo:\n  kl_coef: 0.1\n  kl_horizon: 1000\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f, environ={"REINF_HOME": str(home)})
+    message = str(info.value)
+    assert info.value.key == "kl_horizon" and "\n" not in message
+    assert message.startswith(f"kl_horizon = 1000 ({f}): expected a value ≤ 100")
+    assert "counts training rounds now, not samples" in message and "set it to 1" in message
+    assert load_config(environ={"REINF_HOME": str(home)}).ppo.kl_horizon == 1
+
+
 def test_reference_config_yaml_matches_the_declarations():
     """config.yaml lists every key with its default and comment; regenerate with
     `python -c "from reinf.config import render_yaml; print(render_yaml(), end='')" > config.yaml`."""

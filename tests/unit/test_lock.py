@@ -334,3 +334,27 @@ def test_find_server_tries_this_directorys_server_then_the_configured_address(co
     given = f"http://127.0.0.1:{port}/"
     assert find_server(nowhere, given) == given
     assert find_server(configured, f"http://127.0.0.1:{free_port()}") is None  # only there
+
+
+def test_the_train_lock_waits_only_as_long_as_asked(config):
+    """One acquire_train_lock for the daemon's worker, `reinf train` and the benchmark:
+    ``wait`` is how long it retries while another round holds the lock."""
+    from reinf.lock import acquire_train_lock, train_lock_holder
+
+    held = acquire_train_lock(config, trigger="schedule")
+    assert held is not None and train_lock_holder(config) == os.getpid()
+    started = time.monotonic()
+    assert acquire_train_lock(config, trigger="manual") is None  # no wait: at once
+    assert time.monotonic() - started < 0.2
+    started = time.monotonic()
+    assert acquire_train_lock(config, trigger="manual", wait=0.3) is None
+    assert time.monotonic() - started >= 0.3
+    release = threading.Timer(0.2, held.release)
+    release.start()
+    started = time.monotonic()
+    lock = acquire_train_lock(config, trigger="manual", wait=5.0)
+    release.join()
+    assert lock is not None and 0.15 < time.monotonic() - started < 4.0
+    assert json.loads((config.data_dir / "train.lock").read_text())["trigger"] == "manual"
+    lock.release()
+    assert train_lock_holder(config) == "?"  # released: the file is emptied

@@ -79,7 +79,10 @@ def test_files_made_after_the_cli_starts_are_private(home, clean_root):
 
 
 def test_an_open_data_directory_is_tightened_once_with_one_line(home, invoke):
-    assert invoke("history").exit_code == 0  # the database
+    from reinf.config import load_config
+    from reinf.store import Store
+
+    Store.open(load_config(environ={"REINF_HOME": str(home)})).close()  # the database
     ckpt = home / "checkpoints" / "r0001"
     ckpt.mkdir(parents=True)
     (ckpt / "adapter_model.safetensors").write_text("x")

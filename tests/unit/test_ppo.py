@@ -155,27 +155,54 @@ def test_approx_kl():
 
 
 def test_kl_controller_moves_towards_target_within_its_clip():
-    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
-    # kl/target - 1 = 1, clipped to 0.2: 0.1 * (1 + 0.2*100/1000) = 0.102
-    assert ctl.update(0.1, 100) == pytest.approx(0.102)
-    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
-    # 0.055/0.05 - 1 = 0.1: 0.1 * (1 + 0.1*0.1) = 0.101
-    assert ctl.update(0.055, 100) == pytest.approx(0.101)
-    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
-    # 0.04/0.05 - 1 = -0.2: 0.1 * (1 - 0.2*0.1) = 0.098
-    assert ctl.update(0.04, 100) == pytest.approx(0.098)
-    ctl = KLController(coef=0.1, target=0.05, horizon=1000)
-    # far below target, clipped at -0.2, over a whole horizon: 0.1 * 0.8 = 0.08
-    assert ctl.update(0.0, 1000) == pytest.approx(0.08)
+    ctl = KLController(coef=0.1, target=0.05)
+    # kl/target - 1 = 1, clipped to 0.2: 0.1 * (1 + 0.2) = 0.12, in one round
+    assert ctl.update(0.1) == pytest.approx(0.12)
+    # 0.055/0.05 - 1 = 0.1, inside the clip: x 1.1
+    assert ctl.update(0.055) == pytest.approx(0.132)
+    # 0.045/0.05 - 1 = -0.1 over a horizon of two rounds: x 0.95
+    ctl = KLController(coef=0.2, target=0.05, horizon=2, floor=0.1)
+    assert ctl.update(0.045) == pytest.approx(0.19)
+    assert ctl.update(0.05) == pytest.approx(0.19)  # on target: stays
+
+
+@pytest.mark.parametrize("ratio, factor", [(2.0, 1.2 ** 3), (0.5, 0.8 ** 3)])
+def test_kl_controller_acts_within_three_rounds(ratio, factor):
+    """KL at twice the target for three rounds raises kl_coef x1.73; KL at half of it
+    brings a raised one down x0.51: the controller acts on the KL each round measures, not
+    over a thousand samples (issue 22), with the config's defaults."""
+    from reinf.config import load_config
+
+    ppo = load_config(environ={}).ppo
+    ctl = KLController(ppo.kl_coef, ppo.kl_target, ppo.kl_horizon, ppo.adaptive_kl)
+    ctl.coef = start = ppo.kl_coef * (1 if ratio > 1 else 4)  # e.g. after a KL rejection
+    coefs = [ctl.update(ratio * ppo.kl_target) for _ in range(3)]
+    assert coefs[-1] == pytest.approx(start * factor)
+    assert abs(coefs[0] / start - 1) == pytest.approx(0.2)  # visible after one round
+    assert coefs == sorted(coefs, reverse=ratio < 1)
+
+
+def test_kl_controller_never_goes_below_the_configured_coef():
+    """KL far below the target (the first rounds: the adapter starts at zero) leaves
+    kl_coef where the config put it; a raised one comes back down to it and stops."""
+    ctl = KLController(coef=0.1, target=0.05)
+    assert [ctl.update(0.001) for _ in range(3)] == [0.1, 0.1, 0.1]
+    ctl.coef = 0.15
+    assert [round(ctl.update(0.0), 6) for _ in range(3)] == [0.12, 0.1, 0.1]
+    restored = KLController(coef=0.1, target=0.05)
+    restored.load_state_dict({"coef": 0.05})  # saved before kl_coef was raised to 0.1
+    assert restored.coef == 0.1
+    restored.load_state_dict({"coef": 0.3})
+    assert restored.coef == 0.3
 
 
 def test_kl_controller_fixed_or_nan_leaves_coef_and_round_trips():
-    fixed = KLController(coef=0.1, target=0.05, horizon=10, adaptive=False)
-    assert fixed.update(5.0, 10) == 0.1
-    ctl = KLController(coef=0.1, target=0.05, horizon=10)
-    assert ctl.update(float("nan"), 10) == 0.1
-    ctl.update(1.0, 10)
-    other = KLController(coef=0.5, target=0.05, horizon=10)
+    fixed = KLController(coef=0.1, target=0.05, adaptive=False)
+    assert fixed.update(5.0) == 0.1
+    ctl = KLController(coef=0.1, target=0.05)
+    assert ctl.update(float("nan")) == 0.1
+    ctl.update(1.0)
+    other = KLController(coef=0.1, target=0.05)
     other.load_state_dict(ctl.state_dict())
     assert other.coef == ctl.coef == pytest.approx(0.12)
 
@@ -263,3 +290,18 @@ def test_kl_loss_pulls_sampled_tokens_back_towards_the_base(kl_loss_coef):
         assert torch.count_nonzero(grad) == 0  # zero advantages and no KL term: nothing moves
     else:  # a descent step lowers the boosted token and raises the suppressed one
         assert grad[0] > 0 > grad[1]
+
+
+def test_the_gate_reads_the_value_loss_only_where_the_value_head_trained():
+    """RLOO rounds report value_loss as nan (no value head); that is no NaN in the round.
+    A GAE round's nan value loss still is."""
+    from reinf.training.trainer import gate
+
+    ok = {"reward_mean": 0.1, "kl": 0.01, "policy_loss": -0.02, "nan": False}
+    assert gate({**ok, "value_loss": math.nan, "advantage": "rloo"}, kl_max=1.0) is None
+    assert gate({**ok, "value_loss": 0.3, "advantage": "gae"}, kl_max=1.0) is None
+    assert gate({**ok, "value_loss": math.nan, "advantage": "gae"}, kl_max=1.0).startswith("NaN")
+    assert gate({**ok, "policy_loss": math.nan, "value_loss": math.nan, "advantage": "rloo"},
+                kl_max=1.0).startswith("NaN")
+    assert gate({**ok, "value_loss": math.nan, "advantage": "rloo", "kl": 2.0},
+                kl_max=1.0).startswith("KL")
