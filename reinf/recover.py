@@ -1,7 +1,9 @@
 """``reinf db recover``: rebuild a damaged SQLite database from every row still readable.
 
 The damaged file is kept beside the new one (``<name>.damaged-<timestamp>``); a readable
-rating whose turn was lost keeps a placeholder turn, so no readable rating is dropped.
+rating whose turn was lost keeps a placeholder turn, so no readable rating is dropped. A
+pair (a preference between two replies) whose turns or conversation were lost is dropped
+instead: a placeholder reply would teach a preference for or against a text nobody wrote.
 Checking a database and explaining its faults stay in ``reinf.db``.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ from reinf.errors import StoreError
 # --- recovery: copy what can still be read ------------------------------------------------
 
 # Parents before children, so foreign keys hold as rows go in.
-RECOVER_TABLES = ("conversations", "turns", "ratings", "training_runs", "checkpoints")
+RECOVER_TABLES = ("conversations", "turns", "ratings", "pairs", "training_runs", "checkpoints")
 BATCH = 256
 LOST_TITLE = "(recovered: turns that could not be read back)"
 LOST_REPLY = "[this turn could not be read back when the database was recovered]"
@@ -30,8 +32,9 @@ def recover(path: Path, *, now: datetime | None = None) -> dict:
     and kept; a new database with the current schema takes its place. Rows are read
     table by table in rowid order; a damaged page or row is stepped over, never the rest of
     the table. A readable rating whose turn was lost keeps a placeholder turn (and a
-    placeholder conversation), so no readable rating is dropped. Returns a report:
-    ``{"path", "damaged_copy", "tables": {name: {"rows", "skipped"}}, "placeholders",
+    placeholder conversation), so no readable rating is dropped; a pair that names a lost
+    turn or conversation is dropped (counted in its table's ``dropped``). Returns a report:
+    ``{"path", "damaged_copy", "tables": {name: {"rows", "skipped", ...}}, "placeholders",
     "integrity"}``. The caller makes sure no other process uses the database.
     """
     path = Path(path)
@@ -77,7 +80,11 @@ def _copy_readable(source: Path, target: Path) -> dict:
             tables = {}
             for table in RECOVER_TABLES:
                 tables[table] = _copy_table(src, dst, table)
+            dropped = _drop_orphan_pairs(dst)  # before placeholders stand in for lost turns
             placeholders = _add_placeholders(dst)
+            dropped += _drop_orphan_pairs(dst)  # a lost conversation without turns
+            tables["pairs"]["rows"] -= dropped
+            tables["pairs"]["dropped"] = dropped
             dst.execute("COMMIT")
             problems = dst.execute("PRAGMA foreign_key_check").fetchall()
             integrity = dst.execute("PRAGMA integrity_check").fetchone()[0]
@@ -158,7 +165,7 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) ->
     want = [r[1] for r in dst.execute(f'PRAGMA table_info("{table}")').fetchall()]
     columns = [c for c in want if c in have]
     if not columns:
-        return {"rows": 0, "skipped": 0, "readable": False}
+        return {"rows": 0, "skipped": 0, "readable": _absent(src, table)}
     names = ", ".join(f'"{c}"' for c in columns)
     insert = (f'INSERT OR IGNORE INTO "{table}" ({names}) '
               f'VALUES ({", ".join("?" for _ in columns)})')
@@ -169,6 +176,16 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) ->
             continue
         copied += dst.execute(insert, row).rowcount
     return {"rows": copied, "skipped": skipped, "readable": True}
+
+
+def _absent(src: sqlite3.Connection, table: str) -> bool:
+    """Whether the schema is readable and has no ``table``: a database from before the
+    revision that added it (``pairs`` came with 0004), where nothing was lost."""
+    try:
+        return src.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                           (table,)).fetchone() is None
+    except sqlite3.DatabaseError:
+        return False
 
 
 def _readable_rows(conn: sqlite3.Connection, table: str, names: str):
@@ -229,6 +246,16 @@ def _next_rowid(conn: sqlite3.Connection, table: str, after: int):
     except sqlite3.DatabaseError:
         return None
     return False if row is None else row[0]
+
+
+def _drop_orphan_pairs(dst: sqlite3.Connection) -> int:
+    """Delete the pairs that name a turn or conversation that is not there; how many."""
+    return dst.execute(
+        "DELETE FROM pairs WHERE "
+        + " OR ".join(f"({column} IS NOT NULL AND {column} NOT IN (SELECT id FROM {table}))"
+                      for column, table in (("a_turn_id", "turns"), ("b_turn_id", "turns"),
+                                            ("prompt_turn_id", "turns"),
+                                            ("conversation_id", "conversations")))).rowcount
 
 
 def _add_placeholders(dst: sqlite3.Connection) -> dict:

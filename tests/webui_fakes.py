@@ -1,10 +1,12 @@
 """Test doubles and fixtures for the web tests.
 
-FakeChatService implements reinf.chat.ChatService's interface (stream / send, ChatStream
-with .conversation_id up front, iteration over text deltas, .stop(), .turn) and stores
-every turn through the real Store, so the web layer runs the same code path as with the
-real engine. Its reply echoes the message word by word ("echo: <message>"), which lets
-tests check streaming, stored text and escaping exactly.
+FakeChatService implements reinf.chat.ChatService's interface (stream / send / stream_again
+/ pick, ChatStream with .conversation_id up front, iteration over text deltas, .stop(),
+.wait(), .turn) and stores every turn through the real Store, so the web layer runs the same
+code path as with the real engine. Its reply echoes the message word by word ("echo:
+<message>"), which lets tests check streaming, stored text and escaping exactly; another
+reply to the same message (``stream_again``, stored as an alternative in its slot) is
+numbered by its place in the slot ("echo #2: <message>"), so alternatives differ.
 
 Training and rollback go through a real reinf.daemon.Daemon, as under ``reinf serve``;
 only its round runner is FakeRunner (reinf.worker.ChildRunner's interface, no child
@@ -20,12 +22,17 @@ import pytest
 
 class FakeStream:
     def __init__(self, service, message: str, conversation_id: int, gen: dict,
-                 stream_id: str | None = None):
+                 stream_id: str | None = None, *, slot: int | None = None,
+                 picked: bool = True, context_turn_ids: list[int] | None = None,
+                 prefix: str = "echo: "):
         self.service = service
         self.message = message
         self.conversation_id = conversation_id
         self.gen = gen
         self.stream_id = stream_id
+        self.slot, self.picked = slot, picked  # as ChatStream: an alternative's slot
+        self.context_turn_ids = list(context_turn_ids or [])
+        self.prefix = prefix
         self.turn = None
         self._stop = threading.Event()
         self._iter = self._generate()
@@ -39,13 +46,19 @@ class FakeStream:
     def stop(self) -> None:
         self._stop.set()
 
+    def wait(self, timeout: float | None = None):
+        """Run the reply to its end (as ChatStream.wait) and give the stored turn."""
+        for _ in self:
+            pass
+        return self.turn
+
     def _generate(self):
         service = self.service
         started = time.perf_counter()
         ttft = None
         deltas: list[str] = []
         interrupted = False
-        pieces = service.reply_pieces(self.message, self.gen)
+        pieces = service.reply_pieces(self.message, self.gen, prefix=self.prefix)
         for i, piece in enumerate(pieces):
             if self._stop.is_set():
                 interrupted = True
@@ -77,7 +90,8 @@ class FakeStream:
             gen_params={"temperature": 0.8, **self.gen,
                         **({"stream_id": self.stream_id} if self.stream_id else {})},
             ttft_ms=ttft,
-            latency_ms=(time.perf_counter() - started) * 1000, interrupted=interrupted)
+            latency_ms=(time.perf_counter() - started) * 1000, interrupted=interrupted,
+            context_turn_ids=self.context_turn_ids, slot=self.slot, picked=self.picked)
         service.finished.append(self.turn)
 
 
@@ -95,8 +109,8 @@ class FakeChatService:
         self.calls: list[tuple[str, int | None, dict]] = []
         self.system_prompts: list[str | None] = []   # as given to each stream()
 
-    def reply_pieces(self, message: str, gen: dict) -> list[str]:
-        words = ("echo: " + message).split(" ")
+    def reply_pieces(self, message: str, gen: dict, prefix: str = "echo: ") -> list[str]:
+        words = (prefix + message).split(" ")
         pieces = [w + " " for w in words[:-1]] + [words[-1]]
         limit = gen.get("max_new_tokens")
         return pieces[:limit] if limit else pieces
@@ -114,6 +128,30 @@ class FakeChatService:
                     conv.system_prompt:  # Conflict once it has turns
                 self.store.update_conversation(conversation_id, system_prompt=system_prompt)
         return FakeStream(self, message, conversation_id, gen, stream_id)
+
+    def stream_again(self, turn_id: int, *, picked: bool = True, stream_id: str | None = None,
+                     **gen) -> FakeStream:
+        """Another reply to the message of ``turn_id``, stored as an alternative in its slot,
+        as ChatService.stream_again: NotFound for an unknown turn, Conflict when the
+        conversation went on after it."""
+        from reinf.errors import Conflict
+
+        turn = self.store.get_turn(turn_id)
+        path = self.store.conversation_turns(turn.conversation_id)
+        if path and path[-1].index > turn.index:
+            raise Conflict(f"turn {turn_id} is not the last of its conversation; only the "
+                           "last reply can be sampled again (later turns continue from it)",
+                           fix="regenerate the last reply of the conversation")
+        self.calls.append((turn.user_message, turn.conversation_id, gen))
+        number = len(self.store.alternatives(turn_id)) + 1
+        return FakeStream(self, turn.user_message, turn.conversation_id, gen, stream_id,
+                          slot=turn.index, picked=picked, prefix=f"echo #{number}: ",
+                          context_turn_ids=[t.id for t in path
+                                            if t.index < turn.index and t.reply])
+
+    def pick(self, turn_id: int):
+        """As ChatService.pick: the store picks it and records the preference pairs."""
+        return self.store.pick_alternative(turn_id)
 
     def update_conversation(self, conversation_id: int, *, system_prompt: str | None):
         return self.store.update_conversation(conversation_id, system_prompt=system_prompt)

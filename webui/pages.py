@@ -1,5 +1,5 @@
-"""The HTML pages: chat, history, training, and the login form used when an auth token
-is set. Pages are shells; their scripts fetch data from the JSON API and render it with
+"""The HTML pages: chat, compare, history, training, and the login form used when an auth
+token is set. Pages are shells; their scripts fetch data from the JSON API and render it with
 textContent, never as HTML."""
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ bp = Blueprint("pages", __name__)
 def chat():
     return render_template("chat.html", page="chat",
                            system_prompt=get_runtime().config.generation.system_prompt)
+
+
+@bp.get("/compare")
+def compare():
+    """Replies of the base model and the trained checkpoints side by side, picked blind."""
+    return render_template("compare.html", page="compare")
 
 
 @bp.get("/history")

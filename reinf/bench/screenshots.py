@@ -1,4 +1,5 @@
-"""Screenshots of the chat, history and training pages from a real run on the demo model.
+"""Screenshots of the chat, compare, history and training pages from a real run on the demo
+model.
 
     python -m reinf.bench.screenshots [--out docs/screenshots] [--model reinf-demo]
 
@@ -6,9 +7,11 @@ It starts the whole server in this process (engine, ChatService, daemon with its
 scheduler and child trainer, waitress on a free loopback port) with a fresh data
 directory, then drives headless Chromium like a person: chats, rates each reply the way
 someone who likes short, plain answers would, lets the scheduler train after
-``train_after_ratings`` ratings, chats and rates more, presses "Train now", and saves
-chat.png, history.png, training.png and chat-phone.png. Needs Debian's chromium and
-chromium-driver. Takes a few minutes on a laptop CPU.
+``train_after_ratings`` ratings, chats and rates more, presses "Train now", regenerates
+the last reply, compares the base model with the trained checkpoint blind and picks the
+reply it likes, and saves chat.png, history.png, training.png, compare.png (before the
+pick), compare-picked.png (after it), chat-phone.png and compare-phone.png. Needs Debian's
+chromium and chromium-driver. Takes a few minutes on a laptop CPU.
 """
 from __future__ import annotations
 
@@ -110,6 +113,38 @@ class Person:
             if panel.find_element(By.TAG_NAME, "details").get_attribute("open") is not None:
                 summary.click()
 
+    def regenerate(self) -> None:
+        """Another reply to the last message: the pager shows 2/2."""
+        from selenium.webdriver.common.by import By
+
+        self.driver.find_element(By.ID, "regenerate").click()
+        self.wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#transcript > li")[-1]
+                  .find_element(By.CSS_SELECTOR, ".alt-count").text == "2/2" and
+                  d.find_element(By.ID, "send").is_enabled())
+
+    def compare(self, prompt: str) -> None:
+        """Ask the Compare page for the replies to ``prompt``, blind."""
+        from selenium.webdriver.common.by import By
+
+        self.open("/compare")
+        self.driver.find_element(By.ID, "compare-prompt").send_keys(prompt)
+        self.driver.find_element(By.ID, "compare-go").click()
+        self.wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#compare-replies .compare-reply")
+                  or d.find_element(By.ID, "compare-error").is_displayed())
+        error = self.driver.find_element(By.ID, "compare-error")
+        if error.is_displayed():
+            raise RuntimeError(f"compare failed: {error.text}")
+
+    def pick_the_better(self) -> None:
+        """Pick the reply this person would rate higher (the first of equals)."""
+        from selenium.webdriver.common.by import By
+
+        cards = self.driver.find_elements(By.CSS_SELECTOR, "#compare-replies .compare-reply")
+        best = max(cards, key=lambda c: rate_like_a_person(
+            c.find_element(By.CSS_SELECTOR, ".text").text)[0])
+        best.find_element(By.CSS_SELECTOR, "button[data-pick]").click()
+        self.wait(lambda d: d.find_element(By.ID, "compare-outcome").text.startswith("Stored"))
+
     def train_now(self, store, *, runs: int, tries: int = 10) -> None:
         """Press "Train now" until the round starts (right after a round the scheduler
         may still be finishing it and answer 409)."""
@@ -192,9 +227,17 @@ def take(out: Path, model: str, home: Path) -> list[Path]:
                 person.chat_and_rate(prompts[needed + 4], comment=True)
                 person.chat_and_rate(prompts[needed + 5])
                 person.chat_and_rate(prompts[needed + 6], rate=False)
+                person.regenerate()
                 driver.set_window_size(1280, 1000)
                 shots.append(out / "chat.png")
                 driver.save_screenshot(str(shots[-1]))
+                person.compare(prompts[needed + 8])
+                shots.append(out / "compare.png")
+                driver.save_screenshot(str(shots[-1]))
+                person.pick_the_better()
+                shots.append(out / "compare-picked.png")
+                driver.save_screenshot(str(shots[-1]))
+                picked_url = driver.current_url  # ?c=<id>: the phone reloads it
                 person.open("/history")
                 person.wait(lambda d: d.find_elements("css selector", "#history-rows tr"))
                 shots.append(out / "history.png")
@@ -213,6 +256,11 @@ def take(out: Path, model: str, home: Path) -> list[Path]:
                 Person(phone, server.url).open("/")
                 Person(phone, server.url).chat_and_rate(prompts[needed + 7])
                 shots.append(out / "chat-phone.png")
+                phone.save_screenshot(str(shots[-1]))
+                phone.get(picked_url)
+                Person(phone, server.url).wait(lambda d: d.find_element(
+                    "id", "compare-outcome").text.startswith("Stored"))
+                shots.append(out / "compare-phone.png")
                 phone.save_screenshot(str(shots[-1]))
             finally:
                 phone.quit()

@@ -110,7 +110,9 @@ def forget(app, turn, conversation_id, everything, yes, as_json):
 # forget's counts, in words: (one, many)
 FORGOTTEN = {"conversations": ("conversation", "conversations"), "turns": ("turn", "turns"),
              "ratings": ("rating", "ratings"),
-             "later_turns_untrainable": ("later turn untrainable", "later turns untrainable")}
+             "later_turns_untrainable": ("later turn untrainable", "later turns untrainable"),
+             "pairs": ("pair", "pairs"),
+             "alternatives_kept": ("alternative kept", "alternatives kept")}
 
 
 def count(n: int, one: str, many: str) -> str:

@@ -136,7 +136,7 @@ def test_chat_stream_rate_history_and_xss(browser, live, fake_chat, store):
     assert browser.find_elements(By.CSS_SELECTOR, "#conversation-list img") == []
     assert browser.execute_script("return window.__xss") is None
     # no script error and no Content-Security-Policy violation on any page
-    for path in ("/", "/history", "/training"):
+    for path in ("/", "/compare", "/history", "/training"):
         browser.get(live.url + path)
         wait(browser, lambda d: d.execute_script("return document.readyState") == "complete")
     errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"
@@ -196,18 +196,25 @@ def test_stop_and_reopen_a_conversation(browser, live, fake_chat, store):
     turn_id = int(latest_turn(browser).get_attribute("data-turn-id"))
     assert store.get_turn(turn_id).interrupted
     conversation_id = store.get_turn(turn_id).conversation_id
-    # regenerate sends the same message again as a new turn of the conversation
+    # regenerate gives another reply to the same message, in the same place
     fake_chat.gate = None
     browser.find_element(By.ID, "regenerate").click()
-    wait(browser, lambda d: reply_text(d) == "echo: a long answer please")
-    assert len(store.conversation_turns(conversation_id)) == 2
-    # a new conversation, then reopen the old one from the list
+    wait(browser, lambda d: reply_text(d) == "echo #2: a long answer please")
+    wait(browser, lambda d: latest_turn(d).find_element(By.CSS_SELECTOR, ".alt-count").text
+         == "2/2")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#transcript > li")) == 1
+    [again] = store.conversation_turns(conversation_id)  # the path: the new reply in use
+    assert again.id != turn_id and len(store.alternatives(turn_id)) == 2
+    # a new conversation, then reopen the old one from the list: one message, two replies
     browser.find_element(By.ID, "new-conversation").click()
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#transcript > li") == [])
     item = wait(browser, lambda d: d.find_element(
         By.CSS_SELECTOR, f"button.conversation[data-conversation-id='{conversation_id}']"))
     item.click()
-    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#transcript > li")) == 2)
+    wait(browser, lambda d: latest_turn(d).find_element(By.CSS_SELECTOR, ".alt-count").text
+         == "2/2")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#transcript > li")) == 1
+    assert reply_text(browser) == "echo #2: a long answer please"
 
 
 def test_phone_width_layout(live, fake_chat, store, tmp_path):
@@ -218,12 +225,18 @@ def test_phone_width_layout(live, fake_chat, store, tmp_path):
     store.rate(tid, 3, tags=["too long"])
     driver = build_driver(tmp_path / "phone", width=375, height=740)
     try:
-        for path in ("/", "/history", "/training"):
+        for path in ("/", "/compare", "/history", "/training"):
             driver.get(live.url + path)
             wait(driver, lambda d: d.execute_script("return document.readyState") == "complete")
             wide = driver.execute_script("return document.documentElement.scrollWidth")
             assert wide <= 376, f"{path} is {wide}px wide on a 375px screen"
         driver.get(live.url + "/")
+        # the top bar is one line, and the composer's buttons are in view, not under the fold
+        bar = driver.find_element(By.CSS_SELECTOR, ".topbar").rect
+        assert bar["height"] < 56, f"the top bar wraps: {bar['height']}px high"
+        bottom = driver.execute_script(
+            "return document.getElementById('send').getBoundingClientRect().bottom")
+        assert bottom <= 740, f"Send is at {bottom}px on a 740px screen"
         send(driver, "from a phone")
         panel = wait(driver, lambda d: latest_turn(d).find_element(By.CSS_SELECTOR,
                                                                    "section.rating"))

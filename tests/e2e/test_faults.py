@@ -152,6 +152,55 @@ def test_db_recover_keeps_every_readable_rating_and_the_damaged_file(home):
     assert proc.returncode == 0 and "nothing to recover" in out, err
 
 
+def test_db_recover_keeps_the_pairs_whose_turns_came_back_and_drops_the_others(home):
+    """`reinf db recover` copies the pairs too (without `pairs` in RECOVER_TABLES it dropped
+    every one). A pair that names a turn lost with the damaged page goes: a placeholder turn
+    would stand for a reply nobody wrote, and the pair would teach a preference about it."""
+    from reinf.config import load_config
+    from reinf.recover import recover
+    from reinf.store import Store
+
+    make_db(home, turns=80)
+    store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
+    turns = sorted(store.history(limit=None), key=lambda t: t.id)
+    rows = [dict(prompt=a.user_message, outcome="a", source="regenerate", a_turn_id=a.id,
+                 b_turn_id=b.id) for a, b in zip(turns, turns[1:])
+            if a.conversation_id == b.conversation_id]
+    rows += [dict(prompt=t.user_message, outcome="b", prompt_turn_id=t.id, a_text="base says",
+                  b_text="r1 says", b_checkpoint_id="r1", prompt_ids=[1, 2, 3],
+                  a_reply_ids=[4, 5], b_reply_ids=[6], blind=True) for t in turns]
+    rows.append(dict(prompt="a typed prompt", outcome="tie", a_text="x", b_text="y"))
+    made = store.add_pairs(rows)
+    store.close()
+    db = home / "reinf.db"
+    damage_a_turns_page(db)
+
+    report = recover(db)
+    with closing(sqlite3.connect(db)) as conn:
+        back = {t for (t,) in conn.execute("SELECT id FROM turns WHERE user_message != ''")}
+        kept = {p for (p,) in conn.execute("SELECT id FROM pairs")}
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    assert 60 <= len(back) < 80  # one page of turns is lost
+    expected = {p.id for p in made
+                if {p.a_turn_id, p.b_turn_id, p.prompt_turn_id} - {None} <= back}
+    assert kept == expected and len(expected) < len(made)
+    assert report["tables"]["pairs"] == {"rows": len(expected), "skipped": 0, "readable": True,
+                                         "dropped": len(made) - len(expected)}
+    assert report["integrity"] == "ok"
+    store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
+    try:
+        pairs = {p.id: p for p in store.list_pairs(limit=None)}
+        free = made[-1]
+        assert (pairs[free.id].a_text, pairs[free.id].outcome) == ("x", "tie")
+        compare = next(pairs[p.id] for p in made if p.prompt_turn_id in back)
+        assert (compare.prompt_ids, compare.a_reply_ids, compare.b_checkpoint_id, compare.blind) \
+            == ([1, 2, 3], [4, 5], "r1", True)
+        regenerate = next(pairs[p.id] for p in made if p.a_turn_id in back and p.b_turn_id in back)
+        assert regenerate.a_text == store.get_turn(regenerate.a_turn_id).reply
+    finally:
+        store.close()
+
+
 HOLD = """
 import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)

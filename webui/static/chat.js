@@ -1,7 +1,9 @@
 /* The chat page: streaming replies (fetch + ReadableStream reading Server-Sent Events),
  * Stop, Regenerate, New conversation, the list of past conversations, and a rating panel
  * under each reply. Keys 1-5 rate the latest reply. A conversation's system prompt can be
- * edited until its first message (it starts as config.yaml's system_prompt), then shows. */
+ * edited until its first message (it starts as config.yaml's system_prompt), then shows.
+ * Regenerate asks for another reply to the last message (POST /api/turns/<id>/again),
+ * shown in the same place; replies.js pages between them and picks the one in use. */
 "use strict";
 
 (() => {
@@ -16,36 +18,23 @@
     streamId: null,
     abort: null,
     lastMessage: null,
-    panels: [],           // RatingPanel of each reply, oldest first
+    views: [],            // Replies of each message, oldest first
   };
+  const chat = {suggestedTags: data.suggested_tags, isLast: (view) => view === lastView(),
+                isBusy: () => state.streaming};
 
   // --- rendering ---------------------------------------------------------------------
 
   function turnNode(userText) {
-    const replyText = el("div", {class: "text"});
-    const meta = el("div", {class: "meta"});
-    const node = el("li", {class: "turn"},
-      el("div", {class: "msg user"}, el("span", {class: "who"}, "You"),
-         el("div", {class: "text"}, userText)),
-      el("div", {class: "msg bot"}, el("span", {class: "who"}, "Reinf"), replyText, meta));
-    transcript.append(node);
+    const view = new Replies(userText, chat);
+    transcript.append(view.node);
+    state.views.push(view);
     $("empty-hint").hidden = true;
-    return {node, replyText, meta};
+    return view;
   }
 
-  function describeTurn(t) {
-    const parts = [`turn ${t.turn_id}`, `checkpoint ${t.checkpoint_id || "base"}`];
-    if (t.ttft_ms !== null && t.ttft_ms !== undefined) parts.push(`first token ${Math.round(t.ttft_ms)} ms`);
-    if (t.interrupted) parts.push("stopped");
-    return parts.join(" · ");
-  }
-
-  function attachPanel(view, turn) {
-    text(view.meta, describeTurn(turn));
-    view.node.dataset.turnId = String(turn.turn_id);
-    const panel = new RatingPanel(turn.turn_id, turn.rating, data.suggested_tags);
-    view.node.append(panel.node);
-    state.panels.push(panel);
+  function lastView() {
+    return state.views[state.views.length - 1] || null;
   }
 
   function scrollDown() {
@@ -95,10 +84,12 @@
       state.conversationId = conversation.conversation_id;
       setTitle(conversation.title);
       showSystem(conversation.system_prompt, turns.length === 0);
-      for (const t of turns) {
+      for (const t of turns) {  // the conversation's path: the reply in use of each message
         const view = turnNode(t.user_message);
-        text(view.replyText, t.reply);
-        attachPanel(view, t);
+        view.set([t], t.turn_id);
+        if (t.alternatives > 1) {
+          view.load(t.turn_id).catch((err) => toast(describeError(err), "error"));
+        }
         state.lastMessage = t.user_message;
       }
       $("regenerate").disabled = !state.lastMessage;
@@ -113,7 +104,7 @@
 
   function newConversation(updateUrl) {
     state.conversationId = null;
-    state.panels = [];
+    state.views = [];
     state.lastMessage = null;
     transcript.replaceChildren();
     $("empty-hint").hidden = false;
@@ -137,6 +128,7 @@
     $("regenerate").disabled = on || !state.lastMessage;
     $("new-conversation").disabled = on;
     transcript.setAttribute("aria-busy", String(on));
+    state.views.forEach((view) => view.render());
   }
 
   /** Parse one SSE block ("event: x\ndata: {...}") into {event, data}. */
@@ -151,22 +143,16 @@
     try { return {event, data: JSON.parse(lines.join("\n"))}; } catch (e) { return null; }
   }
 
-  async function send(message) {
-    if (state.streaming || !message.trim()) return;
-    state.lastMessage = message;
-    const view = turnNode(message);
-    view.node.classList.add("streaming");
-    scrollDown();
-    setStreaming(true);
+  /** POST ``body`` to a streaming route and read its events: ``onStart`` gets the start
+   * event's data, ``onDelta`` each piece of text. Resolves to {done} (the stored turn),
+   * {error} (an error event), {thrown} (the request failed or was aborted), or {closed}
+   * (the stream ended without a last event). */
+  async function streamReply(path, body, onStart, onDelta) {
     const controller = new AbortController();
     state.abort = controller;
-    let finished = false;
-    const body = {message, conversation_id: state.conversationId, stream: true};
-    const system = $("system-box").hidden ? null : $("system-prompt").value;
-    if (system !== null) body.system_prompt = system;  // "" = none
+    let result = {closed: true};
     try {
-      const response = await api("POST", "/api/chat", body,
-        {raw: true, signal: controller.signal});
+      const response = await api("POST", path, body, {raw: true, signal: controller.signal});
       const reader = response.body.getReader();
       const decoder = new TextDecoder();
       let buffer = "";
@@ -181,43 +167,117 @@
           if (!parsed) continue;
           if (parsed.event === "start") {
             state.streamId = parsed.data.stream_id;
-            if (system !== null) showSystem(system, false);  // fixed from now on
-            if (state.conversationId === null) {
-              state.conversationId = parsed.data.conversation_id;
-              setTitle(message.slice(0, 60));
-              history.replaceState(null, "", `/?conversation=${state.conversationId}`);
-            }
+            onStart(parsed.data);
           } else if (parsed.event === "message" && typeof parsed.data.delta === "string") {
-            view.replyText.textContent += parsed.data.delta;
-            scrollDown();
+            onDelta(parsed.data.delta);
           } else if (parsed.event === "done") {
-            finished = true;
-            text(view.replyText, parsed.data.reply);
-            attachPanel(view, parsed.data);
-            const pill = document.getElementById("status-pill");
-            if (pill && pill.dataset.checkpoint !== (parsed.data.checkpoint_id || "base")) {
-              Reinf.refreshPill();  // the reply came from a checkpoint the pill does not show
-            }
+            result = {done: parsed.data};
           } else if (parsed.event === "error") {
-            finished = true;
-            view.node.classList.add("failed");
-            text(view.meta, `error: ${parsed.data.error}`);
+            result = {error: parsed.data.error};
           }
         }
       }
-      if (!finished) text(view.meta, "the reply ended early (connection closed)");
     } catch (err) {
+      result = {thrown: err};
+    } finally {
+      state.streamId = null;
+      state.abort = null;
+    }
+    return result;
+  }
+
+  function refreshPillFor(turn) {
+    const pill = document.getElementById("status-pill");
+    if (pill && pill.dataset.checkpoint !== (turn.checkpoint_id || "base")) {
+      Reinf.refreshPill();  // the reply came from a checkpoint the pill does not show
+    }
+  }
+
+  async function send(message) {
+    if (state.streaming || !message.trim()) return;
+    const before = lastView();
+    if (before) before.showInUse();  // the screen shows what the new message continues from
+    state.lastMessage = message;
+    const view = turnNode(message);
+    if (before) before.render();  // no longer the last: its reply cannot change now
+    view.node.classList.add("streaming");
+    scrollDown();
+    setStreaming(true);
+    const body = {message, conversation_id: state.conversationId, stream: true};
+    const system = $("system-box").hidden ? null : $("system-prompt").value;
+    if (system !== null) body.system_prompt = system;  // "" = none
+    const result = await streamReply("/api/chat", body, (start) => {
+      if (system !== null) showSystem(system, false);  // fixed from now on
+      if (state.conversationId === null) {
+        state.conversationId = start.conversation_id;
+        setTitle(message.slice(0, 60));
+        history.replaceState(null, "", `/?conversation=${state.conversationId}`);
+      }
+    }, (delta) => {
+      view.replyText.textContent += delta;
+      scrollDown();
+    });
+    if (result.done) {
+      view.set([result.done], result.done.turn_id);
+      refreshPillFor(result.done);
+    } else if (result.thrown) {
+      const err = result.thrown;
       view.node.classList.add("failed");
       text(view.meta, err.name === "AbortError" ? "stopped" : describeError(err));
       if (err instanceof Reinf.ApiError) view.replyText.remove();
-    } finally {
-      view.node.classList.remove("streaming");
-      state.streamId = null;
-      state.abort = null;
-      setStreaming(false);
-      loadConversations();
-      scrollDown();
+    } else if (result.error !== undefined) {
+      view.node.classList.add("failed");
+      text(view.meta, `error: ${result.error}`);
+    } else {
+      text(view.meta, "the reply ended early (connection closed)");
     }
+    view.node.classList.remove("streaming");
+    setStreaming(false);
+    loadConversations();
+    scrollDown();
+  }
+
+  /** Another reply to the last message, in the same place; it becomes the one in use. */
+  async function regenerate() {
+    if (state.streaming) return;
+    const view = lastView();
+    const current = view && view.current;
+    if (!current) {  // the last message has no stored reply (it failed): send it again
+      if (state.lastMessage) send(state.lastMessage);
+      return;
+    }
+    const was = view.shown;
+    view.node.classList.add("streaming");
+    setStreaming(true);
+    view.startAnother();
+    scrollDown();
+    const result = await streamReply(`/api/turns/${current.turn_id}/again`, {stream: true},
+      () => {}, (delta) => {
+        view.replyText.textContent += delta;
+        scrollDown();
+      });
+    view.node.classList.remove("streaming");
+    setStreaming(false);
+    if (result.done) {
+      text(view.replyText, result.done.reply);
+      refreshPillFor(result.done);
+    } else {
+      const err = result.thrown;
+      toast(err ? (err.name === "AbortError" ? "stopped" : describeError(err)) :
+            result.error !== undefined ? `error: ${result.error}` :
+            "the reply ended early (connection closed)", "error");
+      view.show(was);
+    }
+    try {  // the server's list: the new reply is in use, and other tabs may have added some
+      await view.load(result.done ? result.done.turn_id : current.turn_id);
+    } catch (err) {
+      if (result.done) {
+        for (const other of view.turns) other.picked = false;
+        view.set([...view.turns, result.done], result.done.turn_id);
+      }
+    }
+    loadConversations();
+    scrollDown();
   }
 
   async function stop() {
@@ -254,7 +314,7 @@
     }
   });
   $("stop").addEventListener("click", stop);
-  $("regenerate").addEventListener("click", () => state.lastMessage && send(state.lastMessage));
+  $("regenerate").addEventListener("click", regenerate);
   $("new-conversation").addEventListener("click", () => newConversation());
   $("toggle-sidebar").addEventListener("click", () => {
     const open = $("sidebar").classList.toggle("open");
@@ -265,7 +325,8 @@
     // A digit typed into a text field is text, even in the empty message box: a message
     // may start with one ("3 plus 4?"). The 1-5 keys rate only from outside text fields.
     if (Reinf.isTyping(event.target)) return;
-    const latest = state.panels[state.panels.length - 1];
+    const view = lastView();
+    const latest = view && view.panel;  // the reply shown for the last message
     if (/^[1-5]$/.test(event.key) && latest) {
       event.preventDefault();
       latest.setScore(Number(event.key));

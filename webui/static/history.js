@@ -59,7 +59,10 @@
       el("td", {"data-label": "When"}, formatTime(t.created_at)),
       el("td", {"data-label": "Conversation"},
          el("a", {href: `/?conversation=${t.conversation_id}`}, `#${t.conversation_id}`),
-         ` turn ${t.index}`),
+         ` turn ${t.index}`,
+         // one of several replies to the same message (Regenerate): which one is in use
+         t.alternatives > 1 ? el("span", {class: "muted alt-note"},
+           ` · ${t.picked ? "in use" : "not in use"}, ${t.alternatives} replies`) : null),
       el("td", {"data-label": "Message", class: "message-cell"},
          t.system_prompt ? el("div", {class: "muted system-note"},
                               longText(`System: ${t.system_prompt}`, 70)) : null,
