@@ -30,8 +30,9 @@ import dataclasses
 import threading
 from typing import Any, Iterator
 
-from reinf.config import Config, model_display_name
+from reinf.config import Config
 from reinf.errors import BadInput, Conflict
+from reinf.location import model_display_name
 from reinf.records import ConversationRecord, PairRecord, TurnRecord
 from reinf.store import check_system_prompt
 
@@ -74,17 +75,9 @@ class ChatStream:
         """The stored turn (None: cut before anything was shown, so none was stored);
         raises the generation or storage error, if any."""
         self._reply_stream.wait(timeout)
-        turn, shown = self._turn, self._shown
-        if turn is not None and shown is not None and turn.reply != shown:
+        if self._turn is not None and self._shown is not None:
             # the reply had ended and been stored before the cut came: cut it now
-            store = self._service.store
-            kept = keep_shown(shown, turn.reply, turn.reply_ids, turn.logprobs,
-                              self._service.engine.tokenizer)
-            if kept is None:
-                store.forget_turn(turn.id)
-                self._turn = None
-            else:
-                self._turn = store.cut_reply(turn.id, *kept)
+            self._turn = self._service.cut_to_shown(self._turn.id, self._shown)
         return self._turn
 
     @property
@@ -154,6 +147,23 @@ class ChatService:
         self.config = config
         self._locks: dict[int, threading.Lock] = {}  # one per conversation with a reply running
         self._locks_guard = threading.Lock()
+
+    def cut_to_shown(self, turn_id: int, shown: str) -> TurnRecord | None:
+        """Keep of a stored reply only the tokens whose text is ``shown`` (what the person
+        saw before stopping it), marked interrupted; nothing was shown: forget the turn
+        (None). A ``shown`` that is not the start of the reply is refused."""
+        turn = self.store.get_turn(turn_id)
+        if shown == turn.reply:
+            return turn
+        if not turn.reply.startswith(shown):
+            raise BadInput(f"the text shown is not the start of turn {turn_id}'s reply",
+                           fix="send exactly the part of the reply that was displayed")
+        kept = keep_shown(shown, turn.reply, turn.reply_ids, turn.logprobs,
+                          self.engine.tokenizer)
+        if kept is None:
+            self.store.forget_turn(turn_id)
+            return None
+        return self.store.cut_reply(turn_id, *kept)
 
     def check_message(self, message: Any) -> str:
         if not isinstance(message, str) or not message.strip():

@@ -4,21 +4,19 @@ when a daemon answers, so the terminal and the browser share one model and one D
 ``HttpBackend(url, config)`` implements ``reinf.repl.Backend`` over the JSON API
 (docs/api.md): replies stream as Server-Sent Events from ``POST /api/chat``; Stop is
 ``POST /api/chat/<stream_id>/stop``, after which the server still sends the stored,
-interrupted turn. Standard library only (urllib, via reinf.remote.open_url), never through
-a proxy: the daemon is local. Errors from the server arrive as ReinfError with its message,
-fix and status.
+interrupted turn. Every request goes through reinf.remote.send_request (standard library
+only, never through a proxy: the daemon is local). Errors from the server arrive as
+ReinfError with its message, fix and status.
 """
 from __future__ import annotations
 
 import json
 import queue
 import threading
-import urllib.error
-import urllib.request
 from typing import Any, Iterator
 
 from reinf.errors import ReinfError
-from reinf.remote import open_url
+from reinf.remote import send_request
 
 REPLY_TIMEOUT_SECONDS = 600.0   # longest silence between two events of a streamed reply
 CALL_TIMEOUT_SECONDS = 30.0
@@ -42,27 +40,15 @@ class HttpBackend:
 
     def request(self, method: str, path: str, body: dict | None = None, *,
                 timeout: float = CALL_TIMEOUT_SECONDS, stream: bool = False):
-        headers = {"Accept": "text/event-stream" if stream else "application/json"}
-        data = None
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-            data = json.dumps(body).encode("utf-8")
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers=headers)
+        """``reinf.remote.send_request`` to this server: its JSON answer, or the open event
+        stream; no answer at all is a ReinfError (503) that says so."""
         try:
-            response = open_url(request, timeout=timeout)
-        except urllib.error.HTTPError as exc:
-            raise _error_from(exc) from None
-        except (urllib.error.URLError, OSError) as exc:
+            return send_request(self.url, path, body, method=method, token=self.token,
+                                timeout=timeout, stream=stream)
+        except OSError as exc:  # urllib's URLError is an OSError
             reason = getattr(exc, "reason", exc)
             raise ReinfError(f"cannot reach reinf serve at {self.url}: {reason}", status=503,
                              fix="is it still running? `reinf status` tells") from None
-        if stream:
-            return response
-        with response:
-            return json.loads(response.read() or b"null")
 
     # --- the Backend protocol ----------------------------------------------------------
 
@@ -145,6 +131,7 @@ class HttpReply:
         self.stream_id: str | None = None
         self.done: dict | None = None
         self.error: ReinfError | None = None
+        self.shown: str | None = None   # what the person saw, when stop() was told
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._read, name="reinf-http-reply",
@@ -203,8 +190,11 @@ class HttpReply:
                 raise self.error
 
     def stop(self, shown: str | None = None) -> None:
-        # ``shown`` is not sent: the server keeps what it generated; the REPL forgets a
-        # turn of which nothing was shown
+        """End the reply early. ``shown``: the text the person saw; the server generates
+        ahead of the screen, so once the turn is stored ``result()`` cuts it to that text
+        (``POST /api/turns/<id>/cut``), as the local backend does."""
+        if shown is not None:
+            self.shown = shown
         if self.done is not None or self.stream_id is None or self._ended.is_set():
             return
         try:
@@ -219,8 +209,13 @@ class HttpReply:
             pass
         if self.done is None:
             raise self.error or ReinfError("the reply ended without being stored", status=502)
+        turn_id = self.done["turn_id"]
+        if self.shown is not None and self.shown != self.done.get("reply"):
+            turn = self.backend.request("POST", f"/api/turns/{turn_id}/cut",
+                                        {"shown": self.shown})["turn"]
+            return turn if turn is not None else {**self.done, "reply": "", "forgotten": True}
         try:
-            return self.backend.request("GET", f"/api/turns/{self.done['turn_id']}")
+            return self.backend.request("GET", f"/api/turns/{turn_id}")
         except ReinfError:
             return dict(self.done)  # the done event carries the same core fields
 
@@ -230,13 +225,3 @@ class HttpReply:
         except OSError:
             pass
 
-
-def _error_from(exc: urllib.error.HTTPError) -> ReinfError:
-    try:
-        data = json.loads(exc.read() or b"{}")
-    except ValueError:
-        data = {}
-    if isinstance(data.get("error"), dict):  # the /v1 shape
-        data = {"error": data["error"].get("message"), "fix": data["error"].get("fix")}
-    return ReinfError(data.get("error") or f"reinf serve answered {exc.code} {exc.reason}",
-                      fix=data.get("fix"), status=exc.code)

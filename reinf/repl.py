@@ -292,7 +292,7 @@ class Repl:
     def discard(self, turn: dict | None) -> None:
         """A reply cut before any text appeared: nothing of it is kept. The local backend
         stored nothing; a server stored what it generated, which is forgotten here."""
-        if turn is not None:
+        if turn is not None and not turn.get("forgotten"):  # a server's cut forgot it
             try:
                 self.backend.forget(turn["turn_id"])
             except ReinfError as exc:

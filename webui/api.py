@@ -210,6 +210,22 @@ def forget_conversation(conversation_ref: str):
     return jsonify({"forgotten": runtime.store.forget_conversation(conversation_id)})
 
 
+@bp.post("/turns/<turn_ref>/cut")
+def cut(turn_ref: str):
+    """Keep of a stored reply only what the person saw: ``{"shown": text}``, the start of
+    the reply as displayed before they stopped it. The turn keeps the tokens of that text,
+    marked interrupted; with ``shown`` empty it is forgotten (``{"turn": null}``)."""
+    runtime = get_runtime()
+    turn_id = runtime.store.resolve_turn(turn_ref)
+    body = read_json({"shown"})
+    shown = body.get("shown")
+    if not isinstance(shown, str):
+        raise BadInput("shown must be the text of the reply that was displayed",
+                       fix='send {"shown": "..."}')
+    turn = runtime.require_chat().cut_to_shown(turn_id, shown)
+    return jsonify({"turn": None if turn is None else turn.to_dict()})
+
+
 # --- alternatives: another reply to the same message, and the pick ---------------------
 
 @bp.post("/turns/<turn_ref>/again")

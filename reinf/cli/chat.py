@@ -35,7 +35,24 @@ def chat(app, once, conversation_id, url, temperature, max_new_tokens, system_pr
         sys.exit(send_once(backend, once, conversation_id, as_json, system_prompt=system_prompt))
     from reinf.repl import Repl
 
+    line_editing()
     sys.exit(Repl(backend, conversation_id=conversation_id, system_prompt=system_prompt).run())
+
+
+def line_editing() -> None:
+    """At a terminal, the prompts get GNU readline: line editing, history and bracketed
+    paste, so a paste of several lines is one message (sent with Enter), not one message
+    per line. Readline 8.1 turns bracketed paste on by default; older ones are asked to.
+    Without readline (Windows) or with libedit (macOS), /paste and a trailing backslash
+    still take several lines."""
+    if not sys.stdin.isatty():
+        return
+    try:
+        import readline
+    except ImportError:
+        return
+    if "libedit" not in (readline.__doc__ or ""):
+        readline.parse_and_bind("set enable-bracketed-paste on")
 
 
 def build_backend(app, url: str | None, *, quiet: bool = False,
@@ -80,7 +97,7 @@ def check_system_prompt(conversation: dict, system_prompt: str | None) -> None:
 
 def local_backend(app, *, quiet: bool = False):
     from reinf.chat import ChatService
-    from reinf.config import resolve_model_path
+    from reinf.location import resolve_model_path
     from reinf.daemon import serve_active
     from reinf.engine import Engine
     from reinf.repl import LocalBackend

@@ -194,3 +194,39 @@ def test_reinf_serve_reports_a_busy_port_before_loading_the_model(home, tiny_mod
                              env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and f"port {port} on 127.0.0.1 is already in use" in out.stderr
     assert "loading" not in out.stderr
+
+
+def test_a_cut_over_http_keeps_exactly_what_was_shown(server, store, engine, monkeypatch):
+    """The server generates ahead of the screen. A terminal that stops a reply keeps only
+    the tokens whose text it displayed (POST /api/turns/<id>/cut), and nothing at all when
+    nothing was displayed, as the local backend does."""
+    from reinf.client import HttpBackend
+    from reinf.modeling import Detokenizer
+
+    backend = HttpBackend(server.url, generation={"max_new_tokens": 24})
+    handle = backend.send_stream("Tell me a story", None)
+    deltas = list(handle)           # the server finished and stored all of it ...
+    assert len(deltas) >= 3
+    shown = "".join(deltas[:2])     # ... while the screen had shown two deltas
+    handle.stop(shown=shown)
+    turn = handle.result()
+    stored = store.get_turn(turn["turn_id"])
+    assert turn["reply"] == stored.reply == shown and stored.interrupted
+    assert len(stored.reply_ids) == len(stored.logprobs) < len("".join(deltas))
+    text = Detokenizer(engine.tokenizer)
+    for token in stored.reply_ids:
+        text.add(token)
+    assert text.text == shown  # the kept tokens are those of the text shown, no more
+
+    gate, held = hold_after_first_token(engine, monkeypatch)
+    handle = backend.send_stream("And another", turn["conversation_id"])
+    assert held.wait(30)
+    handle.stop(shown="")           # Ctrl-C before any text appeared
+    gate.set()
+    gone = handle.result()
+    assert gone.get("forgotten") is True
+    assert [t.id for t in store.history(limit=None)] == [stored.id]
+
+    r = requests.post(f"{server.url}/api/turns/{stored.id}/cut",
+                      json={"shown": "not how it starts"}, timeout=10)
+    assert r.status_code == 400 and "not the start" in r.json()["error"]

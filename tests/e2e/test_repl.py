@@ -382,3 +382,22 @@ def test_system_applies_to_each_conversation_a_terminal_session_starts(live, hom
     first, second = store.history(limit=None, oldest_first=True)
     assert first.conversation_id != second.conversation_id
     assert first.system_prompt == second.system_prompt == "Be a pirate."
+
+
+def test_a_paste_of_several_lines_is_one_message(tiny, home, tmp_path):
+    """A terminal pastes between ESC[200~ and ESC[201~ (bracketed paste): readline keeps the
+    lines together, and Enter sends them as one message; the rating prompt reads no line of
+    it."""
+    child = spawn_chat(home, chat_env(home, tiny, REINF_MAX_NEW_TOKENS="4"), tmp_path)
+    child.send("\x1b[200~First line of the paste\rsecond line\rthird line\x1b[201~")
+    child.send("\r")
+    child.expect_exact(RATE_PROMPT)
+    child.sendline("5")
+    child.expect_exact("rated turn 1: 5")
+    child.expect_exact(USER_PROMPT)
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    (turn,) = open_store(home).history(limit=None)
+    assert turn.user_message == "First line of the paste\nsecond line\nthird line"
+    assert turn.rating.score == 5
