@@ -17,6 +17,7 @@ arriving) is closed after ``header_timeout`` seconds; one whose request is being
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import select
 import socket
@@ -26,6 +27,7 @@ import types
 
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser
+from waitress.task import ErrorTask
 from waitress.server import create_server as create_waitress
 from waitress.utilities import RequestEntityTooLarge
 
@@ -143,9 +145,28 @@ class DrainingParser(HTTPRequestParser):
             self.headers["CONNECTION"] = "close"
 
 
+class JsonErrorTask(ErrorTask):
+    """Waitress's answer to a request it cannot parse (a malformed start line, header,
+    Content-Length or chunk; headers too large), in Reinf's JSON error shape instead of
+    waitress's plain text: the app never sees such a request, so this is the only place
+    that can answer it."""
+
+    def execute(self) -> None:
+        error = self.request.error
+        body = json.dumps({"error": f"malformed HTTP request: {error.body}",
+                           "status": error.code,
+                           "fix": "send a well-formed HTTP/1.1 request"}).encode("utf-8")
+        self.status = f"{error.code} {error.reason}"
+        self.response_headers.append(("Content-Type", "application/json"))
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
+
+
 def _channel_class(drain_limit: int):
     parser = type("ReinfRequestParser", (DrainingParser,), {"drain_limit": drain_limit})
-    return type("ReinfChannel", (HTTPChannel,), {"parser_class": parser})
+    return type("ReinfChannel", (HTTPChannel,), {"parser_class": parser,
+                                                  "error_task_class": JsonErrorTask})
 
 
 def _bind_error(exc: OSError, host: str, port: int) -> ReinfError:

@@ -115,3 +115,29 @@ def test_the_task_queue_warning_is_rate_limited(caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records if r.name == "waitress.queue"]
     assert lines == ["Task queue depth is 0",
                      "Task queue depth is 7 (499 more such warnings held back)"]
+
+
+@pytest.mark.parametrize("request_bytes,reason", [
+    (b"get /ping HTTP/1.1\r\nHost: x\r\n\r\n", "Malformed HTTP method"),
+    (b"GET\x00 /ping HTTP/1.1\r\nHost: x\r\n\r\n", "Start line is invalid"),
+    (b"POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", "Content-Length"),
+    (b"POST /ping HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+     "chunk"),
+])
+def test_a_request_waitress_cannot_parse_gets_a_json_error(slow_app, request_bytes, reason):
+    """Waitress answers these itself (the app never sees them): the answer is Reinf's JSON
+    error, not waitress's plain text, and the server goes on answering."""
+    import json
+
+    with BackgroundServer(slow_app) as server:
+        with socket.create_connection((server.host, server.port), timeout=5) as sock:
+            sock.sendall(request_bytes)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n")[0].endswith(b" 400 Bad Request")
+        assert b"Content-Type: application/json" in head
+        error = json.loads(body)
+        assert error["status"] == 400 and reason in error["error"] and error["fix"]
+        assert json.loads(get(server.url + "/ping")) == {"ok": True}
