@@ -79,9 +79,14 @@ def build_command(trigger: str, force: bool = False, *,
 
 
 def build_child_env(config, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment, pointed at the same data directory, thread-limited."""
+    """The server's environment, pointed at the same data directory and the model it serves,
+    thread-limited."""
     env = dict(os.environ if base is None else base)
     env.update(REINF_HOME=str(config.data_dir), PYTHONUNBUFFERED="1")
+    # The model the server serves, whatever config.yaml says now: an adapter trained on
+    # another base would not load into it (model_path takes effect only after a restart,
+    # as `reinf status` says when the file changed).
+    env["REINF_MODEL_PATH"] = config.model.model_path
     if config.schedule.train_nice:
         # The niceness is already set for the whole child before exec (all threads); the
         # child need not touch it again.

@@ -257,3 +257,21 @@ def _alive(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def test_the_trainer_child_trains_the_model_the_server_serves(tmp_path):
+    """config.yaml switched to another model while the server runs: the server keeps the
+    model it loaded until a restart, and so must the trainer child (it reads config.yaml
+    afresh each round), or it would train an adapter the served model cannot load."""
+    from reinf.config import load_config
+    from reinf.worker import build_child_env
+
+    home = tmp_path / "home"
+    home.mkdir()
+    served = load_config(environ={"REINF_HOME": str(home)},
+                         overrides={"model_path": "/models/served"})
+    (home / "config.yaml").write_text("model:\n  model_path: /models/edited-since\n")
+    env = build_child_env(served, base={"PATH": os.environ.get("PATH", "")})
+    child = load_config(environ=env)
+    assert child.model.model_path == "/models/served"
+    assert child.data_dir == served.data_dir
