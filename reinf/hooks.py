@@ -294,16 +294,28 @@ def redact(message: str, text: Any, name: str = FORGOTTEN) -> str:
     ordinary words and say nothing private."""
     if not isinstance(text, str) or len(text.strip()) < MIN_REDACTED:
         return message
-    for form in {text, repr(text)[1:-1]}:
+    forms = {text, repr(text)[1:-1]}
+    for form in forms:
         message = message.replace(form, name)
+    # A message cut at MAX_ERROR_CHARS (``cap``) may end inside the text: the part before
+    # the cut is the text's start, and goes too.
+    body, sep, tail = message.rpartition(CUT_MARK)
+    if sep and tail.endswith(CUT_END):
+        for form in forms:
+            for k in range(min(len(form), len(body)), MIN_REDACTED - 1, -1):
+                if body.endswith(form[:k]):
+                    return body[:-k] + name + sep + tail
     return message
+
+
+CUT_MARK, CUT_END = "… (", " characters in all, cut)"
 
 
 def cap(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """``text``, or its first ``limit`` characters and how long it was."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… ({len(text):,} characters in all, cut)"
+    return f"{text[:limit]}{CUT_MARK}{len(text):,}{CUT_END}"
 
 
 # --- the child ------------------------------------------------------------------------------

@@ -467,3 +467,24 @@ def test_a_hook_error_never_quotes_a_ratings_comment_and_forget_scrubs_old_recor
     assert secret not in failure.read_text() and "private-tag-zz" not in failure.read_text()
     assert json.loads(failure.read_text())["message"] == \
         f"ValueError: '[forgotten]' and [forgotten] (for turn {turn.id})"
+
+
+def test_a_comment_longer_than_the_error_cap_is_not_quoted_either(hooked, hook, store):
+    """An error is cut at MAX_ERROR_CHARS. A long comment quoted by the hook ran past the
+    cut, so only its start was in the message, which did not match the whole comment: the
+    adversarial pass found its marker in the run's row, both logs and `reinf status`."""
+    secret = "my secret is zq26f4 " + "and more words " * 200
+    write(hook, """\
+        def reward_mapper(score, metadata):
+            return float(metadata["comment"])
+        """)
+    conv = store.create_conversation().id
+    turn = store.append_turn(conv, "q?", "a reply", prompt_ids=[1, 2], reply_ids=[3, 4],
+                             logprobs=[-1.0, -1.0])
+    store.rate(turn.id, 2, comment=secret)
+    with pytest.raises(HookError) as err:
+        compute_rewards(hooked, store.training_samples(10))
+    message = str(err.value)
+    assert "zq26f4" not in message and "and more words" not in message
+    assert f"[the comment of turn {turn.id}]" in message and "characters in all, cut" in message
+    assert "zq26f4" not in (hooked.data_dir / FAILURE_FILE).read_text()
