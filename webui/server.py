@@ -10,8 +10,8 @@ GeneratorExit inside the SSE generator; that is how a browser's Stop ends genera
 Connections: waitress stops accepting at ``connection_limit``, and by default closes a
 connection only after ``channel_timeout`` (here 600 s, for slow streaming clients) without
 activity. 120 connections that never finished their headers held the server shut. Here a
-connection that has no complete request (it is idle, or its request head is still
-arriving) is closed after ``header_timeout`` seconds; one whose request is being answered
+connection that has no complete request (it is idle, its request head is still arriving,
+or its body stalls) is closed after ``header_timeout`` seconds; one whose request is being answered
 (a reply streaming) is never cut by that; and the limit is ``server.connection_limit``.
 """
 from __future__ import annotations
@@ -44,6 +44,7 @@ log = logging.getLogger("reinf.webui")
 BODY_MARGIN = 65536
 DRAIN_FACTOR = 16
 HEADER_TIMEOUT_SECONDS = 15.0
+BODY_TIMEOUT_FACTOR = 4   # a request body has 4 x header_timeout from the request's first byte
 CONNECTION_LIMIT = 200
 # Waitress logs "Task queue depth is N" for every request queued behind busy threads: 8,254
 # lines in 121 s under load. One line per this many seconds, with a count of the others.
@@ -153,9 +154,14 @@ class JsonErrorTask(ErrorTask):
 
     def execute(self) -> None:
         error = self.request.error
-        body = json.dumps({"error": f"malformed HTTP request: {error.body}",
-                           "status": error.code,
-                           "fix": "send a well-formed HTTP/1.1 request"}).encode("utf-8")
+        message, fix = f"malformed HTTP request: {error.body}", "send a well-formed HTTP/1.1 request"
+        path = getattr(self.request, "path", None) or ""
+        if path == "/v1" or path.startswith("/v1/"):  # OpenAI's shape, as webui/errors.py
+            answer = {"error": {"message": message, "type": "invalid_request_error",
+                                "code": error.code, "param": None, "fix": fix}}
+        else:
+            answer = {"error": message, "status": error.code, "fix": fix}
+        body = json.dumps(answer).encode("utf-8")
         self.status = f"{error.code} {error.reason}"
         self.response_headers.append(("Content-Type", "application/json"))
         self.set_close_on_finish()
@@ -196,19 +202,24 @@ def close_waiting(server, now: float) -> None:
     """Replaces waitress's ``maintenance``: close the connections that have no complete
     request after ``server.header_timeout`` seconds (counted from their last activity when
     idle, from the first byte of a request head still arriving, so a head sent one byte
-    at a time cannot hold a connection). A request body still arriving gets
-    ``channel_timeout`` between bytes, as before; a request being answered is left alone."""
+    at a time cannot hold a connection). A request body still arriving gets the same
+    ``header_timeout`` between two of its bytes, and ``BODY_TIMEOUT_FACTOR`` times it from
+    the request's first byte in all (a body is at most ``max_request_bytes``; 200 bodies
+    that never finished held the server shut for waitress's ``channel_timeout``, 600 s).
+    A request being answered is left alone."""
+    limit = server.header_timeout
     for channel in list(server.active_channels.values()):
         if channel.requests:
             continue  # being answered: a reply may stream for minutes
         parser = channel.request
+        started = getattr(parser, "started", channel.last_activity) if parser is not None \
+            else channel.last_activity
         if parser is not None and parser.headers_finished:
-            waiting, limit = channel.last_activity, server.adj.channel_timeout
+            stalled = channel.last_activity < now - limit \
+                or started < now - BODY_TIMEOUT_FACTOR * limit
         else:
-            waiting = getattr(parser, "started", channel.last_activity) if parser is not None \
-                else channel.last_activity
-            limit = server.header_timeout
-        if waiting < now - limit:
+            stalled = started < now - limit
+        if stalled:
             channel.will_close = True
 
 

@@ -141,3 +141,41 @@ def test_a_request_waitress_cannot_parse_gets_a_json_error(slow_app, request_byt
         error = json.loads(body)
         assert error["status"] == 400 and reason in error["error"] and error["fix"]
         assert json.loads(get(server.url + "/ping")) == {"ok": True}
+
+
+def test_requests_whose_body_never_finishes_are_closed_too(slow_app):
+    """Complete headers, then a body that never comes (or trickles): the adversarial pass
+    held the server shut for 600 s (waitress's channel_timeout) with 210 of them. They get
+    header_timeout between bytes, and 4 x header_timeout in all."""
+    head = (b"POST /ping HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{\"force\": ")
+    with BackgroundServer(slow_app, header_timeout=1.0, connection_limit=10) as server:
+        stuck = []
+        for _ in range(12):  # more than the limit
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(head)
+            stuck.append(sock)
+        trickle = socket.create_connection(("127.0.0.1", server.port))
+        trickle.sendall(head)
+        started = time.monotonic()
+        while time.monotonic() - started < 6 and not closed_by_server(trickle):
+            trickle.sendall(b" ")  # a byte every 0.2 s: never idle for the timeout
+        assert time.monotonic() - started < 6  # closed at 4 x header_timeout
+        assert get(server.url + "/ping", timeout=10) == b'{"ok":true}\n'
+        assert all(closed_by_server(s) for s in stuck)
+        for sock in stuck + [trickle]:
+            sock.close()
+
+
+def test_a_v1_request_waitress_cannot_parse_gets_openais_error_shape(slow_app):
+    import json
+
+    with BackgroundServer(slow_app) as server:
+        with socket.create_connection((server.host, server.port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: -1\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    error = json.loads(data.partition(b"\r\n\r\n")[2])["error"]
+    assert "Content-Length" in error["message"] and error["code"] == 400
