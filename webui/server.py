@@ -155,7 +155,7 @@ class JsonErrorTask(ErrorTask):
     def execute(self) -> None:
         error = self.request.error
         message, fix = f"malformed HTTP request: {error.body}", "send a well-formed HTTP/1.1 request"
-        path = getattr(self.request, "path", None) or ""
+        path = getattr(self.request, "path", None) or _target(self.request)
         if path == "/v1" or path.startswith("/v1/"):  # OpenAI's shape, as webui/errors.py
             answer = {"error": {"message": message, "type": "invalid_request_error",
                                 "code": error.code, "param": None, "fix": fix}}
@@ -167,6 +167,13 @@ class JsonErrorTask(ErrorTask):
         self.set_close_on_finish()
         self.content_length = len(body)
         self.write(body)
+
+
+def _target(parser) -> str:
+    """The request target of a start line waitress refused before it set ``path`` (a
+    malformed method, a bad header): its second word, or ""."""
+    words = (getattr(parser, "first_line", None) or b"").split()
+    return words[1].decode("latin-1") if len(words) > 1 else ""
 
 
 def _channel_class(drain_limit: int):

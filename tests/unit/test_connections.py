@@ -167,15 +167,21 @@ def test_requests_whose_body_never_finishes_are_closed_too(slow_app):
             sock.close()
 
 
-def test_a_v1_request_waitress_cannot_parse_gets_openais_error_shape(slow_app):
+@pytest.mark.parametrize("request_bytes,reason", [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+     "Content-Length"),
+    (b"get /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", "Malformed HTTP method"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Type: a\x00b\r\n\r\n", "header"),
+])
+def test_a_v1_request_waitress_cannot_parse_gets_openais_error_shape(slow_app, request_bytes,
+                                                                     reason):
     import json
 
     with BackgroundServer(slow_app) as server:
         with socket.create_connection((server.host, server.port), timeout=5) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Length: -1\r\n\r\n")
+            sock.sendall(request_bytes)
             data = b""
             while chunk := sock.recv(65536):
                 data += chunk
     error = json.loads(data.partition(b"\r\n\r\n")[2])["error"]
-    assert "Content-Length" in error["message"] and error["code"] == 400
+    assert reason in error["message"] and error["code"] == 400
