@@ -6,6 +6,15 @@ means adapter layers disabled, so the reference policy needs no second model cop
 ``borrowed`` serves one reply with another adapter (``reinf compare``), then puts the
 active one back; an adapter loaded only for it is deleted after it.
 Nothing here locks: the engine calls it only while it holds its lock, between replies.
+
+Every checkpoint adapter reaches a model through this module: ``read_adapter`` reads it,
+``Adapters`` puts it beside others in the serving model, and ``load_adapter`` gives the
+trainer and the benchmarks a model with it (PEFT's ``from_pretrained`` is not used), so
+a checkpoint that does not fit is refused in the same words everywhere.
+
+peft (which imports transformers) is imported where an adapter is read or put in place:
+reinf.engine imports this module, and code that only names the engine's types (the unit
+tier, the benchmarks' helpers) stays free of transformers.
 """
 from __future__ import annotations
 
@@ -33,32 +42,15 @@ class Adapters:
     def add(self, checkpoint_id: str, peft_config: Any, state_dict: dict) -> None:
         """Put a read adapter (see ``read_adapter``) into the model beside the others,
         inactive. On failure the model is left as it was."""
-        from peft import PeftModel, set_peft_model_state_dict
-
         name = adapter_name(checkpoint_id)
-
-        def misfit(detail: str) -> ModelError:
-            return ModelError(f"checkpoint {checkpoint_id} does not fit this model ({detail})",
-                              fix="it was trained for another base model; the active adapter "
-                                  "is unchanged")
         created = self.peft is None
         try:
-            try:
+            with _refused_as_misfit(checkpoint_id):
                 if created:
-                    with quiet_peft():
-                        self.peft = PeftModel(self.model, peft_config, adapter_name=name,
-                                              low_cpu_mem_usage=True)
+                    self.peft = _wrap(self.model, peft_config, name, low_cpu_mem_usage=True)
                 else:
                     self.peft.add_adapter(name, peft_config, low_cpu_mem_usage=True)
-                result = set_peft_model_state_dict(self.peft, state_dict, adapter_name=name,
-                                                   low_cpu_mem_usage=True)
-            except (RuntimeError, ValueError) as exc:  # size mismatch, missing target modules
-                lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-                raise misfit((lines[1] if len(lines) > 1 else lines[0])[:200]) from exc
-            missing = [k for k in getattr(result, "missing_keys", []) if name in k]
-            bad = [k for k in result.unexpected_keys if "lora_" in k] + missing
-            if bad:
-                raise misfit(f"weights such as {bad[0]} do not match")
+                _fill(self.peft, checkpoint_id, name, state_dict, low_cpu_mem_usage=True)
         except BaseException:
             if self.peft is not None and name in self.peft.peft_config:
                 self.peft.delete_adapter(name)
@@ -142,9 +134,8 @@ def read_adapter(path: Path, checkpoint_id: str) -> tuple[Any, dict]:
 
     Other files the trainer writes there (value head, optimizer state) are ignored.
     """
-    from peft import PeftConfig
+    from peft import PeftConfig  # peft: see the module docstring
     from peft.utils import load_peft_weights
-
     path = Path(path)
     if not (path / "adapter_config.json").is_file() and (path / "adapter").is_dir():
         path = path / "adapter"
@@ -163,3 +154,60 @@ def read_adapter(path: Path, checkpoint_id: str) -> tuple[Any, dict]:
                          fix="Reinf loads LoRA adapters only")
     config.inference_mode = True
     return config, weights
+
+
+def load_adapter(model, path: Path, checkpoint_id: str, *, trainable: bool = False):
+    """``model`` (changed in place) as a PeftModel holding the adapter of the checkpoint at
+    ``path`` under PEFT's default name, as ``PeftModel.from_pretrained`` would give it:
+    ``trainable`` for a round that continues it (its LoRA weights require grad), else in
+    eval mode for measuring. Its LoRA layers are created (in the dtype PEFT gives them: fp32
+    on a bf16 or fp16 base, as training needs) and then filled with the checkpoint's
+    weights; a checkpoint that does not fit raises ModelError, as for the serving model."""
+    peft_config, state_dict = read_adapter(path, checkpoint_id)
+    peft_config.inference_mode = not trainable
+    with _refused_as_misfit(checkpoint_id), quiet_peft():
+        peft = _wrap(model, peft_config, "default", low_cpu_mem_usage=False)
+        _fill(peft, checkpoint_id, "default", state_dict, low_cpu_mem_usage=False)
+    return peft if trainable else peft.eval()
+
+
+# --- putting a read adapter into a model ------------------------------------------------------
+
+def _misfit(checkpoint_id: str, detail: str) -> ModelError:
+    return ModelError(f"checkpoint {checkpoint_id} does not fit this model ({detail})",
+                      fix="it was trained for another base model; the active adapter "
+                          "is unchanged")
+
+
+@contextmanager
+def _refused_as_misfit(checkpoint_id: str):
+    """PEFT's size mismatches and missing target modules, as one line naming the checkpoint."""
+    try:
+        yield
+    except (RuntimeError, ValueError) as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise _misfit(checkpoint_id, (lines[1] if len(lines) > 1 else lines[0])[:200]) from exc
+
+
+def _wrap(model, peft_config: Any, name: str, *, low_cpu_mem_usage: bool):
+    """A PeftModel around ``model`` with one adapter ``name`` (empty with
+    ``low_cpu_mem_usage``, else initialised), of the class ``from_pretrained`` picks for a
+    causal LM adapter."""
+    from peft import PeftModel, PeftModelForCausalLM  # peft: see the module docstring
+
+    cls = PeftModelForCausalLM if peft_config.task_type == "CAUSAL_LM" else PeftModel
+    with quiet_peft():
+        return cls(model, peft_config, adapter_name=name, low_cpu_mem_usage=low_cpu_mem_usage)
+
+
+def _fill(peft, checkpoint_id: str, name: str, state_dict: dict, *,
+          low_cpu_mem_usage: bool) -> None:
+    """Load the adapter's weights into adapter ``name``; every LoRA weight must land."""
+    from peft import set_peft_model_state_dict  # peft: see the module docstring
+
+    result = set_peft_model_state_dict(peft, state_dict, adapter_name=name,
+                                       low_cpu_mem_usage=low_cpu_mem_usage)
+    missing = [k for k in getattr(result, "missing_keys", []) if f".{name}." in k]
+    bad = [k for k in result.unexpected_keys if "lora_" in k] + missing
+    if bad:
+        raise _misfit(checkpoint_id, f"weights such as {bad[0]} do not match")

@@ -28,6 +28,10 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from reinf.errors import ConfigError
+# resolve_model_path is not used here: reinf/bench/learn.py still imports it from this
+# module (new code imports it from reinf.location).
+from reinf.location import DEMO_MODEL, resolve_model_path  # noqa: F401
+from reinf.models import model_preset
 
 ENV_PREFIX = "REINF_"
 # The only settings also read from an unprefixed variable (TRAIN_AFTER_RATINGS=3), as the
@@ -36,9 +40,6 @@ ENV_PREFIX = "REINF_"
 BARE_ENV = ("train_interval_minutes", "train_after_ratings")
 DEFAULT_HOME = "~/.reinf"
 CONFIG_FILENAME = "config.yaml"
-# The repository (or install) root: the directory that holds reinf/, webui/, models/.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEMO_MODEL = "reinf-demo"
 
 
 def setting(default: Any, help: str, *, min: float | None = None, max: float | None = None,
@@ -62,8 +63,9 @@ class ServerConfig:
     connection_limit: int = setting(200, "connections open at once; more wait to be accepted",
                                     min=10, max=4000)
     request_header_timeout_seconds: float = setting(
-        15.0, "close a connection with no complete request (idle, or a request head still "
-              "arriving) after this long; a streaming reply is never cut by it", min=1.0,
+        15.0, "close a connection with no complete request (idle, a request head still "
+              "arriving, or a body stalled this long; a body gets 4 x this in all) after "
+              "this long; a streaming reply is never cut by it", min=1.0,
         max=600.0)
 
 
@@ -188,6 +190,14 @@ class TrainingConfig:
                                min=0.0, max=10.0)
     rating_model_max: int = setting(1024, "newest ratings the rating model is fitted on",
                                     min=4)
+    pair_weight: float = setting(1.0, "weight of your picks (compare, regenerate) in the "
+                                      "rating model beside your ratings: 1 = as the joint "
+                                      "likelihood of both has it; 0 = ratings only",
+                                 min=0.0, max=100.0)
+    winrate_prompts: int = setting(16, "after each round, the new adapter and the base answer "
+                                       "this many of your newest prompts and the rating model "
+                                       "judges them (the win rate vs base); 0 = off",
+                                   min=0, max=256)
     max_perplexity_increase: float = setting(0.25, "promotion gate: reject a round whose "
                                                    "perplexity on well-rated replies rises "
                                                    "more than this (0.25 = +25%)", min=0.0)
@@ -377,15 +387,6 @@ def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | 
         cfg = _build(cfg.to_dict(), preset, kind="model", file=cfg.source, origins=cfg.origins,
                      env_names=cfg.env_names)
     return cfg
-
-
-def model_preset(model_path: str) -> dict[str, Any]:
-    """Defaults a named model brings (``reinf.models.KnownModel.settings``): they replace the
-    built-in defaults, and config.yaml, the environment and flags replace them."""
-    from reinf.models import KNOWN_MODELS
-
-    known = KNOWN_MODELS.get(model_path)
-    return dict(known.settings) if known is not None else {}
 
 
 def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> set[str]:
@@ -697,49 +698,3 @@ def render_yaml(cfg: Config | None = None, *, origins: bool = False) -> str:
                 else f"[{kind}] "
         lines.append(f"  {info.key}: {dumped}  # {mark}{info.help}")
     return "\n".join(lines) + "\n"
-
-
-# --- where the model lives -------------------------------------------------------------
-
-def model_display_name(source: str) -> str:
-    """The model's name as clients see it (a turn's ``model`` in /api/chat and ``chat
-    --json``, /api/ping, /v1/models): a named model (reinf-demo, smollm2-135m) or a hub id
-    as it is, a local directory by its own name. Never the path: that would tell every
-    client where the person keeps their files, and change when they move them."""
-    value = source.rstrip("/\\")
-    local = value.startswith((".", "~", "/")) or "\\" in value or value.count("/") > 1 \
-        or Path(value).expanduser().exists()
-    return value.replace("\\", "/").rsplit("/", 1)[-1] if local else value
-
-
-def demo_model_dir(cfg: Config) -> Path:
-    """The built-in demo model: the checkout's models/reinf-demo, else one built in data_dir."""
-    bundled = PROJECT_ROOT / "models" / DEMO_MODEL
-    if (bundled / "config.json").exists():
-        return bundled
-    return cfg.data_dir / "models" / DEMO_MODEL
-
-
-def resolve_model_path(cfg: Config) -> str:
-    """``model_path`` as from_pretrained should see it: an absolute directory or a hub id.
-
-    ``reinf-demo`` is the built-in demo model. A relative path is looked up from the
-    current directory, then beside the config file. Anything else that does not exist
-    locally and does not look like a path is taken as a hub id.
-    """
-    value = cfg.model.model_path
-    if value == DEMO_MODEL:
-        return str(demo_model_dir(cfg))
-    from reinf.models import KNOWN_MODELS, pulled_dir
-    if value in KNOWN_MODELS:  # a named model: `reinf pull NAME` put it here
-        return str(pulled_dir(cfg.data_dir, value))
-    path = Path(value).expanduser()
-    if path.is_absolute() or path.exists():
-        return str(path.resolve())
-    if cfg.source:
-        beside = Path(cfg.source).expanduser().parent / path
-        if beside.exists():
-            return str(beside.resolve())
-    if value.startswith((".", "~", "/")) or value.count("/") > 1 or "\\" in value:
-        return str(path.resolve())  # meant as a path; the loader reports it missing
-    return value

@@ -22,12 +22,13 @@ from typing import Any, Sequence
 
 import torch
 
-from reinf.config import Config
 from reinf.adapters import Adapters, read_adapter
+from reinf.config import Config
 from reinf.errors import BadInput, ModelError, ReinfError
 from reinf.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
-                            get_context_limit, load_model)
+                            get_context_limit, load_model, resolve_max_history)
 from reinf.sampling import decode, eos_token_ids
+from reinf.training.rating_model import reply_features
 
 log = logging.getLogger(__name__)
 
@@ -238,8 +239,6 @@ class Engine:
         ``max_history`` unset means as many turns as suit this model (resolve_max_history).
         ``system`` is the system prompt, sent first (None: none; never the config's here:
         a conversation snapshots that when it starts, see ChatService)."""
-        from reinf.modeling import resolve_max_history
-
         return build_prompt_ids(self.tokenizer, history, message,
                                 max_history=resolve_max_history(self.config.model.max_history,
                                                                 self.model_name),
@@ -370,8 +369,6 @@ class Engine:
         """The rating model's features (reinf.training.rating_model.reply_features) of
         (prompt_ids, reply_ids) pairs: from the base model, its adapter off, under the engine
         lock (between two replies, as a swap)."""
-        from reinf.training.rating_model import reply_features
-
         with self._lock:
             with self._adapters.borrowed(None):
                 return reply_features(self.model, pairs)

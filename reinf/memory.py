@@ -7,88 +7,26 @@ alone (no weights are read; safetensors headers only where config.json lacks the
 compares the sum with what the device has. ``reinf status`` shows the plan; the trainer
 uses it for ``training.base_quantization: auto`` (:func:`trainer_quantization`).
 
-The formulas (docs/training.md, "Memory", has them with the numbers for three shapes):
-
-- parameters of a Llama/Qwen2/Mistral-shaped decoder, h = hidden, i = intermediate, L =
-  layers, q = heads x head_dim, k = KV heads x head_dim, V = vocabulary:
-  ``L (2hq + 2hk + 3hi + 2h) + h + Vh (+ Vh untied) (+ L (q + 2k) QKV biases, Qwen2)``;
-- weights: 4 bytes a parameter (fp32), 2 (bf16, fp16); bitsandbytes quantizes the decoder's
-  Linear layers only, to 1 byte (8-bit) or 0.5625 (NF4: 0.5 plus an fp32 scale per block of
-  64), the rest stays in the dtype; a trainer's k-bit base has that rest cast to fp32
-  (peft's ``prepare_model_for_kbit_training`` does it);
-- KV cache: ``2 L k x tokens x dtype bytes``;
-- LoRA: ``r (in + out)`` per adapted layer, 16 bytes each (fp32 weight, gradient, Adam's two
-  moments);
-- activations a minibatch keeps for the backward, per token and layer, in values of the
-  activation dtype (bf16 under autocast: 2 bytes; fp32: 4), measured with
-  ``torch.autograd.graph.saved_tensors_hooks`` on LoRA'd Llama and Qwen2 layers with a frozen
-  base and PyTorch's SDPA attention (so no T x T matrix): ``5h + 3i + 2k`` in fp32,
-  ``8.5h + 3i + 2k`` under bf16 autocast (RMSNorm keeps fp32 copies), plus h with an adapter
-  on o_proj and i with one on down_proj; with gradient checkpointing h per layer plus one
-  layer's worth recomputed. The reply's logits (B, K, V) and their gradient come on top,
-  and the update's sum is multiplied by what its peak measured beyond it (1.7 on the CPU,
-  1.25 assumed on a GPU: ``UPDATE_OVERHEAD``).
+The formulas, one function a part, are in ``reinf.footprint``; the model's shape comes from
+``reinf.shape``. Here: the plan against what each device has, its verdict, and the settings
+that would make it fit.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GIB = 1024 ** 3
-RUNTIME_BYTES = GIB // 2   # per process: CUDA context, or torch + transformers in RAM
-LORA_STATE_BYTES = 16      # per LoRA parameter: fp32 weight, gradient, Adam's m and v
+from reinf.footprint import GIB, Settings, server_parts, trainer_parts, trainer_total
+from reinf.location import resolve_model_path
+from reinf.shape import Shape, load_shape
+
 TIGHT_FROM = 0.85          # planned / capacity above this: tight; above 1: will not fit
-# A minibatch's forward + backward peaks above what it saves for the backward. Measured on
-# CPU (fp32, LoRA'd Llama layers, B 4-8, T 512-1024, 2-24 layers): 1.2x live (the backward's
-# gradient buffers), 1.45-1.85x peak RSS, as glibc's heap keeps freed blocks. On a GPU the
-# caching allocator's slack is assumed, not measured here.
-UPDATE_OVERHEAD = {"cpu": 1.7, "cuda": 1.25, "mps": 1.25}
-FALLBACK_CONTEXT = 2048    # as reinf.modeling.FALLBACK_CONTEXT (which imports torch)
-QUANT_BYTES = {"none": None, "8bit": 1.0, "4bit": 0.5625}
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FITS, TIGHT, WONT, UNKNOWN = "fits", "tight", "will not fit", "unknown"
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the plan needs to know about a model, from its config.json."""
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    context: int                # the model's own longest prompt + reply
-    params: int
-    linear_params: int          # in the decoder's Linear layers (what bitsandbytes quantizes)
-    source: str                 # "config.json" or "safetensors headers"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The settings a plan depends on, resolved (a device, never auto)."""
-    server_device: str
-    trainer_device: str
-    dtype: str                  # the dtype setting (auto | float32 | bfloat16 | float16)
-    bf16: bool                  # the GPU computes in bf16 (irrelevant off CUDA)
-    quantization: str           # the server's, effective
-    trainer_quantization: str   # the trainer base's, effective
-    context: int                # longest prompt + reply: max_context_tokens, else the model's
-    train_context: int          # longest row a round reads: context, capped by max_train_tokens
-    reply: int                  # longest reply a round meets (rated or rollout)
-    rollout_reply: int
-    batch_size: int
-    rollout_rows: int
-    feature_rows: int
-    gradient_checkpointing: bool
-    lora_r: int
-    lora_targets: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -147,185 +85,6 @@ def _gib(n: int | None) -> str:
     return "unknown memory" if n is None else f"{n / GIB:.1f} GiB"
 
 
-# --- the model's shape, from config.json -----------------------------------------------------
-
-def load_shape(name: str) -> tuple[Shape | None, str | None]:
-    """The shape of the model at ``name`` (a directory, or a hub id read from the local
-    cache only), or (None, why not)."""
-    path = Path(name)
-    if path.is_dir():
-        config_file = path / "config.json"
-    elif path.is_absolute() or name.startswith((".", "~")):
-        return None, f"no model at {name}"
-    else:
-        config_file = _cached_config(name)
-        if config_file is None:
-            return None, f"{name} is not in the local Hugging Face cache"
-    try:
-        cfg = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return None, f"cannot read {config_file}: {exc}"
-    if not isinstance(cfg, dict):
-        return None, f"{config_file} is not a JSON object"
-    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get(
-            "tie_word_embeddings", cfg["text_config"].get("tie_word_embeddings"))}
-    return shape_from_config(cfg, config_file.parent)
-
-
-def shape_from_config(cfg: dict, model_dir: Path | None = None) -> tuple[Shape | None, str | None]:
-    def first(*keys, default=None):
-        return next((cfg[k] for k in keys if isinstance(cfg.get(k), int) and cfg[k] > 0), default)
-
-    h = first("hidden_size", "n_embd", "d_model")
-    layers = first("num_hidden_layers", "n_layer", "num_layers")
-    heads = first("num_attention_heads", "n_head")
-    vocab = first("vocab_size")
-    if None in (h, layers, heads, vocab):
-        return None, "config.json does not give hidden_size, num_hidden_layers, " \
-                     "num_attention_heads and vocab_size"
-    inter = first("intermediate_size", "n_inner", "ffn_dim", default=4 * h)
-    kv_heads = first("num_key_value_heads", default=heads)
-    head_dim = first("head_dim", default=h // heads)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    context = first("max_position_embeddings", "n_positions", "max_sequence_length",
-                    "seq_length", default=FALLBACK_CONTEXT)
-    q, k = heads * head_dim, kv_heads * head_dim
-    gated = "intermediate_size" in cfg   # Llama, Qwen2, Mistral, Gemma, Phi-3: gate, up, down
-    if gated:
-        linear = layers * (2 * h * q + 2 * h * k + 3 * h * inter)
-        bias = cfg.get("attention_bias", cfg.get("model_type") == "qwen2")
-        params = (linear + layers * (2 * h + (q + 2 * k if bias else 0)) + h
-                  + vocab * h * (1 if tied else 2))
-        source = "config.json"
-    else:
-        counted = _count_safetensors(model_dir) if model_dir is not None else None
-        if counted is None:
-            return None, (f"config.json of a {cfg.get('model_type', 'non-Llama')} model, and no "
-                          "safetensors headers to count its parameters")
-        params, linear = counted
-        source = "safetensors headers"
-    return Shape(h, inter, layers, heads, kv_heads, head_dim, vocab, tied, context, params,
-                 linear, source), None
-
-
-def _cached_config(repo_id: str) -> Path | None:
-    """config.json of a hub id in the local Hugging Face cache; never the network."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except Exception:  # noqa: BLE001 - an id the hub library refuses is simply not cached
-        return None
-    return Path(found) if isinstance(found, str) else None
-
-
-def _count_safetensors(model_dir: Path) -> tuple[int, int] | None:
-    """(parameters, those in 2-D weights other than embeddings and the LM head) from the
-    headers of the directory's safetensors files."""
-    total = linear = 0
-    files = sorted(model_dir.glob("*.safetensors"))
-    for file in files:
-        try:
-            with open(file, "rb") as f:
-                size = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(size)) if 0 < size < 100_000_000 else {}
-        except (OSError, ValueError):
-            return None
-        for key, meta in header.items():
-            shape = meta.get("shape") if isinstance(meta, dict) else None
-            if not isinstance(shape, list):
-                continue
-            n = 1
-            for d in shape:
-                n *= int(d)
-            total += n
-            if len(shape) == 2 and not any(s in key for s in ("embed", "lm_head", "wte", "wpe")):
-                linear += n
-    return (total, linear) if files and total else None
-
-
-# --- bytes -----------------------------------------------------------------------------------
-
-def weight_bytes(dtype: str, device: str) -> int:
-    """Bytes a weight takes in the dtype setting (auto: bf16 or fp16 on CUDA, fp32 elsewhere)."""
-    if dtype == "auto":
-        return 2 if device == "cuda" else 4
-    return 4 if dtype == "float32" else 2
-
-
-def activation_bytes(s: Settings, device: str) -> int:
-    """Bytes of an activation: bf16 under the trainer's autocast on a bf16 GPU, else the
-    weights' own dtype."""
-    return 2 if device == "cuda" and s.bf16 else weight_bytes(s.dtype, device)
-
-
-def base_weights(shape: Shape, dtype_bytes: int, quantization: str, *, trainer: bool) -> int:
-    q = QUANT_BYTES[quantization]
-    if q is None:
-        return shape.params * dtype_bytes
-    rest = shape.params - shape.linear_params   # embeddings, LM head, norms: not quantized;
-    return int(shape.linear_params * q) + rest * (4 if trainer else dtype_bytes)  # k-bit: fp32
-
-
-def lora_params(shape: Shape, r: int, targets: tuple[str, ...]) -> int:
-    h, i = shape.hidden, shape.intermediate
-    q, k = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    sizes = {"q_proj": h + q, "k_proj": h + k, "v_proj": h + k, "o_proj": q + h,
-             "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h}
-    return shape.layers * r * sum(sizes.get(t, 0) for t in targets) + h + 1  # + value head
-
-
-def saved_per_token_layer(shape: Shape, act: int, targets: tuple[str, ...]) -> float:
-    """Activation values one token keeps for the backward in one layer (module docstring)."""
-    h, i = shape.hidden, shape.intermediate
-    values = (5.0 if act == 4 else 8.5) * h + 3 * i + 2 * shape.kv_heads * shape.head_dim
-    return values + h * ("o_proj" in targets) + i * ("down_proj" in targets)
-
-
-def server_parts(shape: Shape, s: Settings) -> dict[str, int]:
-    d = s.server_device
-    wb = weight_bytes(s.dtype, d)
-    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * s.context * wb
-    return {"weights": base_weights(shape, wb, s.quantization, trainer=False),
-            "kv_cache": kv,                                        # one reply at full context
-            "prefill": s.context * (2 * shape.intermediate + 4 * shape.hidden) * wb,
-            "runtime": RUNTIME_BYTES}
-
-
-def trainer_parts(shape: Shape, s: Settings) -> dict[str, int]:
-    """Resident parts, then each phase of a round; the peak is resident + the largest phase."""
-    d = s.trainer_device
-    wb, act = weight_bytes(s.dtype, d), activation_bytes(s, d)
-    h, i, n_layers, vocab = shape.hidden, shape.intermediate, shape.layers, shape.vocab
-    t, k = s.train_context, s.reply + 1  # a minibatch row: prompt + reply; logits kept: reply + 1
-    per_layer = saved_per_token_layer(shape, act, s.lora_targets)
-    kept = n_layers * h + per_layer if s.gradient_checkpointing else n_layers * per_layer
-    logits = 2 * s.batch_size * k * vocab * act + 3 * k * vocab * 4   # + grad; fp32 rows
-    kv_row = 2 * n_layers * shape.kv_heads * shape.head_dim * t * wb
-    prompt = max(t - s.rollout_reply, 1)
-    return {
-        "weights": base_weights(shape, wb, s.trainer_quantization, trainer=True),
-        "lora_and_adam": lora_params(shape, s.lora_r, s.lora_targets) * LORA_STATE_BYTES,
-        "runtime": RUNTIME_BYTES,
-        # phases, one at a time
-        # (B, 1, T, T) bool attention mask: left padding keeps SDPA from using is_causal
-        "update": int(UPDATE_OVERHEAD.get(d, 1.7) * (s.batch_size * t * kept * act + logits
-                                                     + s.batch_size * t * t)),
-        "rating_features": s.feature_rows * t * ((h * (n_layers + 1) + 2 * i) * act + t),
-        "rollouts": s.rollout_rows * (kv_row + prompt * (2 * i * wb + prompt)),
-    }
-
-
-PHASES = ("update", "rating_features", "rollouts")
-
-
-def trainer_total(parts: dict[str, int]) -> int:
-    return sum(v for p, v in parts.items() if p not in PHASES) + max(parts[p] for p in PHASES)
-
-
 def verdict_of(planned: int, capacity: int | None) -> str:
     if capacity is None:
         return UNKNOWN
@@ -381,14 +140,11 @@ def plan_memory(config, *, device_total_bytes: int | None = None, device: str | 
     ``bf16`` and ``bitsandbytes`` replace what this machine has (None: ask torch, look for
     the package). Reads config.json; torch only where the device is a CUDA GPU.
     """
-    from reinf.config import resolve_model_path
-
     name = resolve_model_path(config)
     shape, reason = load_shape(name)
     if shape is None:
         return MemoryPlan(model=name, verdict=UNKNOWN, reason=reason)
     if device is None:
-        from reinf.status import planned_device
         device = planned_device(config.model.device)
     trainer_device = config.ppo.train_device if config.ppo.train_device != "auto" else device
     if bf16 is None:
@@ -521,6 +277,19 @@ def _fixes(shape: Shape, s: Settings, capacity: dict, bitsandbytes: bool, base: 
 
 
 # --- what the device has -----------------------------------------------------------------------
+# torch is imported only where a GPU is asked about: `reinf status` with a device set by name
+# plans without it.
+
+def planned_device(setting: str) -> str:
+    """The device a model load picks for the ``device`` setting (reinf.modeling.plan_load),
+    without loading one. A device set by name is taken as set (a load refuses one this
+    machine lacks, and says why), so only ``auto`` imports torch to look."""
+    if setting != "auto":
+        return setting
+    from reinf.modeling import plan_load, visible_devices
+
+    return plan_load(setting, "auto", "none", **visible_devices()).device
+
 
 def device_memory(device: str) -> tuple[int | None, int | None]:
     """(total, free) bytes of ``device``: the GPU's (torch.cuda.mem_get_info), else the
@@ -552,15 +321,12 @@ def physical_memory() -> tuple[int | None, int | None]:
 
 
 def _has_bitsandbytes() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
 def _cuda_bf16() -> bool:
     import torch
 
-    if not torch.cuda.is_available():
-        return True
     from reinf.modeling import cuda_facts
-    return cuda_facts()[0]
+
+    return cuda_facts()[0] if torch.cuda.is_available() else True

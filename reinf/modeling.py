@@ -5,6 +5,9 @@ directory and a hub id take the same path (tests load models they saved themselv
 It picks the device and dtype, applies bitsandbytes quantization where it can, and turns
 every failure into a ``ModelError`` that says what to do. ``build_prompt_ids`` applies the
 tokenizer's chat template to the recent history and trims the oldest turns to fit.
+
+transformers (and huggingface_hub) are imported where a model or tokenizer is loaded, not
+at the top: ``reinf status`` and the memory plan import this module for ``plan_load`` only.
 """
 from __future__ import annotations
 
@@ -22,16 +25,22 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+from urllib.parse import urlsplit
 
 import torch
+from jinja2.exceptions import TemplateError
+from safetensors import safe_open
 
-from reinf.config import Config, resolve_model_path
+from reinf.config import Config
 from reinf.errors import BadInput, ModelError
+from reinf.location import DEMO_MODEL, resolve_model_path
+from reinf.lora import lora_target_warnings
+from reinf.models import KNOWN_MODELS, is_installed, pull_fix
+from reinf.shape import FALLBACK_CONTEXT
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FALLBACK_CONTEXT = 2048
 # Used only when a tokenizer has none, with a warning: ChatML, as Qwen2 models use it.
 FALLBACK_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -115,10 +124,9 @@ def load_model(config: Config, *, device: str | None = None, for_training: bool 
     if device is None:
         device = config.ppo.train_device if for_training and \
             config.ppo.train_device != "auto" else mcfg.device
-    cuda = torch.cuda.is_available()
-    mps = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
-    bf16, gpu = cuda_facts() if cuda else (False, "")
-    plan = plan_load(device, mcfg.dtype, quantization or mcfg.quantization, cuda=cuda, mps=mps,
+    here = visible_devices()
+    bf16, gpu = cuda_facts() if here["cuda"] else (False, "")
+    plan = plan_load(device, mcfg.dtype, quantization or mcfg.quantization, **here,
                      bf16=bf16, for_training=for_training, gpu=gpu)
     name = resolve_model_path(config)
     offline = check_model_path(name, config)
@@ -132,13 +140,18 @@ def load_model(config: Config, *, device: str | None = None, for_training: bool 
     model.eval()
     if not for_training:
         model.requires_grad_(False)
-        from reinf.lora import lora_target_warnings
-
         warnings += lora_target_warnings(model, config.lora.target_modules)  # training refuses
     for w in warnings:
         log.warning(w)
     return LoadedModel(model, tokenizer, plan.device, model.dtype, plan.quantization, name,
                        warnings)
+
+
+def visible_devices() -> dict[str, bool]:
+    """What this machine offers ``plan_load``: ``{"cuda": ..., "mps": ...}`` as torch sees it."""
+    return {"cuda": torch.cuda.is_available(),
+            "mps": bool(getattr(torch.backends, "mps", None))
+            and torch.backends.mps.is_available()}
 
 
 def cuda_facts() -> tuple[bool, str]:
@@ -158,9 +171,6 @@ def check_model_path(name: str, config: Config) -> bool:
     local path with no model, a name one typo away from a known one, a hub id while the hub
     is out of reach (transformers would retry it for about a minute). Returns whether a
     hub id must come from the local cache only (the hub is out of reach)."""
-    from reinf.config import DEMO_MODEL
-    from reinf.models import KNOWN_MODELS, is_installed, pull_fix
-
     path = Path(name)
     named = config.model.model_path
     if named in KNOWN_MODELS and KNOWN_MODELS[named].source is not None \
@@ -186,7 +196,7 @@ def check_model_path(name: str, config: Config) -> bool:
         # This process works offline from here: huggingface_hub reads HF_HUB_OFFLINE once,
         # at import, into the constant that its and transformers' calls consult, so the
         # adapter probe and every other lookup go to the local cache without retrying.
-        import huggingface_hub.constants
+        import huggingface_hub.constants  # here only: see the module docstring
 
         huggingface_hub.constants.HF_HUB_OFFLINE = True
         return True
@@ -195,8 +205,6 @@ def check_model_path(name: str, config: Config) -> bool:
 
 def _other_model_fix(name: str) -> str:
     """What to set model_path to instead of ``name``: the closest known name, if any."""
-    from reinf.models import KNOWN_MODELS
-
     close = difflib.get_close_matches(name, list(KNOWN_MODELS), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""
     return (f"{hint}set model_path to a name from `reinf models` ({', '.join(KNOWN_MODELS)}), "
@@ -207,8 +215,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the Hugging Face hub's host (``HF_ENDPOINT``) resolves and accepts a
     connection within ``timeout`` seconds; asked in a thread, so a hanging DNS cannot
     hold the caller longer than that."""
-    from urllib.parse import urlsplit
-
     endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host, port = endpoint.hostname or "", endpoint.port or (443 if endpoint.scheme == "https"
                                                              else 80)
@@ -228,7 +234,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def _load_weights(name: str, plan: LoadPlan, trust_remote_code: bool, *,
                   offline: bool = False):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # here only: see the module docstring
 
     kwargs: dict[str, Any] = {"dtype": plan.dtype, "trust_remote_code": trust_remote_code}
     if offline:  # a hub id with the hub out of reach: the local cache, or one clear line
@@ -254,7 +260,7 @@ def _load_weights(name: str, plan: LoadPlan, trust_remote_code: bool, *,
 
 
 def _load_tokenizer(name: str, trust_remote_code: bool, *, offline: bool = False):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # here only: see the module docstring
 
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code,
@@ -270,7 +276,7 @@ def _bnb_config(plan: LoadPlan):
         raise ModelError(f"quantization {plan.quantization} needs the bitsandbytes package",
                          fix="pip install 'reinf[cuda]', or set quantization: none",
                          key="quantization")
-    from transformers import BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig  # here only: see the module docstring
 
     if plan.quantization == "4bit":
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
@@ -302,8 +308,6 @@ def _explain_load_error(name: str, exc: Exception, trust_remote_code: bool) -> M
 
 def find_bad_weights(model_dir: Path) -> tuple[Path, str] | None:
     """The first weights file in ``model_dir`` that cannot be read, and why."""
-    from safetensors import safe_open
-
     for file in sorted(model_dir.glob("*.safetensors")):
         try:
             with safe_open(str(file), framework="pt") as f:
@@ -397,8 +401,6 @@ def render_chat(tokenizer, turns: Sequence[tuple[str, str]], message: str, *,
     ``"{system}\n\n{user}"``, so the model still reads it; the log says so once per
     tokenizer.
     """
-    from jinja2.exceptions import TemplateError
-
     messages = []
     for user, reply in turns:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
@@ -497,8 +499,6 @@ def resolve_max_history(max_history: int | None, model_name: str, *, demo_turns:
     prompt (one chat-template pass per dropped turn). ``model_name`` is the model path as
     loaded (``LoadedModel.name``) or the ``model_path`` setting.
     """
-    from reinf.config import DEMO_MODEL
-
     if max_history is not None:
         return max_history
     return demo_turns if Path(model_name).name == DEMO_MODEL else cap

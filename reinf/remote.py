@@ -5,8 +5,9 @@ its JSON API does the rest. ``reinf chat`` asks :func:`find_server` where a serv
 answers, ``reinf status`` calls :func:`locate_server` and :func:`fetch_schedule`,
 ``reinf rollback`` :func:`notify_rollback`, and ``reinf train`` :func:`request_train`, so
 that while a server runs there is one trainer and one adapter switch, both in the server.
-Every URL comes from :func:`build_url` and every request goes through :func:`open_url`:
-standard library only, never through a proxy, since the server is on this machine.
+Every URL comes from :func:`build_url` and every request, these and ``reinf chat``'s
+(reinf.client), goes through :func:`send_request`: standard library only, never through a
+proxy, since the server is on this machine.
 """
 from __future__ import annotations
 
@@ -42,10 +43,52 @@ class Unreachable(ReinfError):
     status = 503
 
 
-def open_url(request: urllib.request.Request, *, timeout: float):
-    """Send ``request`` directly, never through a proxy; urllib's response (a context
-    manager) or its errors (HTTPError, URLError, OSError)."""
-    return _OPENER.open(request, timeout=timeout)
+def send_request(url: str, path: str, body: Any = None, *, method: str = "GET",
+                 token: str | None = None, timeout: float = HTTP_TIMEOUT_SECONDS,
+                 stream: bool = False, answers: tuple[int, ...] = ()):
+    """The one HTTP request Reinf sends to a server: ``method`` ``url + path`` with ``body``
+    as JSON (None: no body) and the auth token, directly, never through a proxy.
+
+    Returns the JSON answer, or with ``stream`` the open response (urllib's, a context
+    manager: the caller reads the event stream and closes it). An error answer raises
+    ReinfError with the server's message, fix and status (the /api or the /v1 shape); a 401
+    from a Reinf server raises TokenRefused, which says whether a token was sent; the
+    ``answers`` statuses return their JSON instead. No answer at all raises urllib's
+    URLError or OSError, and an answer that is not JSON ValueError, for the caller to word.
+    """
+    headers = {"Accept": "text/event-stream" if stream else "application/json"}
+    data = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        data = json.dumps(body).encode("utf-8")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
+                                     headers=headers)
+    try:
+        response = _OPENER.open(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        realm = (exc.headers or {}).get("WWW-Authenticate") or ""
+        try:
+            answer = json.loads(exc.read() or b"{}")
+        except ValueError:
+            answer = {}
+        finally:
+            exc.close()
+        if exc.code == 401 and 'realm="reinf"' in realm:
+            raise token_refused(url, token) from None  # a Reinf server: the token is the fault
+        if not isinstance(answer, dict):
+            answer = {}
+        if exc.code in answers:
+            return answer
+        if isinstance(answer.get("error"), dict):  # the /v1 shape
+            answer = {"error": answer["error"].get("message"), "fix": answer["error"].get("fix")}
+        raise ReinfError(answer.get("error") or f"reinf serve answered {exc.code} on {path}",
+                         fix=answer.get("fix"), status=exc.code) from None
+    if stream:
+        return response
+    with response:
+        return json.loads(response.read() or b"null")
 
 
 def build_url(host: str, port: int) -> str:
@@ -66,19 +109,11 @@ def probe_server(url: str, *, token: str | None = None,
 
     Where nothing listens the connection is refused at once; the timeout only bounds a
     server that accepted the connection (a busy server answers within it)."""
-    request = urllib.request.Request(url.rstrip("/") + "/api/ping",
-                                     headers={"Accept": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with open_url(request, timeout=timeout) as response:
-            data = json.load(response)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        if exc.code == 401 and 'realm="reinf"' in (exc.headers.get("WWW-Authenticate") or ""):
-            raise token_refused(url, token) from None  # a Reinf server: the token is the fault
-        return None
-    except (OSError, ValueError, urllib.error.URLError):
+        data = send_request(url, "/api/ping", token=token, timeout=timeout)
+    except TokenRefused:
+        raise
+    except (ReinfError, OSError, ValueError):  # another service's error answer, or none
         return None
     return data if isinstance(data, dict) and data.get("service") == "reinf" else None
 
@@ -177,32 +212,15 @@ def call_daemon(config, path: str, body: dict | None = None, *, method: str = "P
     if not url:
         raise Unreachable(f"reinf serve (pid {info['pid']}) is starting and has no address "
                           "yet", fix="try again in a moment")
-    headers = {"Accept": "application/json"}
-    data = None
-    if method != "GET":
-        headers["Content-Type"] = "application/json"
-        data = json.dumps(body or {}).encode()
-    if config.server.auth_token:
-        headers["Authorization"] = f"Bearer {config.server.auth_token}"
-    request = urllib.request.Request(url.rstrip("/") + path, method=method, headers=headers,
-                                     data=data)
     try:
-        with open_url(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
-            return json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            answer = json.loads(exc.read() or b"{}")
-        except ValueError:
-            answer = {}
-        if exc.code in answers and isinstance(answer, dict):
-            return answer
-        raise ReinfError(answer.get("error") or f"reinf serve answered {exc.code} on {path}",
-                         fix=answer.get("fix"), status=exc.code) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        answer = send_request(url, path, None if method == "GET" else (body or {}),
+                              method=method, token=config.server.auth_token, answers=answers)
+    except (OSError, ValueError) as exc:  # urllib's URLError is an OSError
         reason = getattr(exc, "reason", exc)
         raise Unreachable(f"reinf serve (pid {info['pid']}) holds {config.data_dir} but does "
                           f"not answer at {url}: {reason}",
                           fix="wait until it has started, or stop it") from None
+    return {} if answer is None else answer
 
 
 def notify_rollback(config, checkpoint_id: str | None) -> bool:

@@ -4,14 +4,15 @@ Each part of Reinf contributes what it knows; nothing here loads a model.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from reinf import db
-from reinf.config import Config, resolve_model_path
+from reinf.config import Config
+from reinf.location import resolve_model_path
+from reinf.lora import lora_target_warnings, read_layers
+from reinf.memory import plan_memory, planned_device
 
 #: The sections a training round takes from config.yaml as it is then: the trainer child
 #: loads the file afresh each round. A running server keeps every other setting (the
@@ -51,6 +52,7 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "daemon": daemon or {"running": False},
         "reward_hook": _reward_hook_status(round_config),
         "training": _training_status(round_config, store),
+        "vs_base": vs_base_status(store, active),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
         "trainer_log_file": str(config.data_dir / "logs" / "trainer.log"),
         "warnings": warnings,
@@ -138,24 +140,9 @@ def config_changes(started: Config, current: Config | None,
     return out
 
 
-def planned_device(setting: str) -> str:
-    """The device a model load picks for the ``device`` setting (reinf.modeling.plan_load):
-    auto is cuda where torch sees a GPU, else mps where Apple's Metal is there, else cpu."""
-    if setting != "auto":
-        return setting
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    return "mps" if mps is not None and mps.is_available() else "cpu"
-
-
 def _memory_status(config: Config, device: str | None, warnings: list[str]) -> dict:
     """The memory plan of a round beside the server (reinf.memory), from config.json alone:
     its summary line, and a warning with the fix where the round would not fit."""
-    from reinf.memory import plan_memory
-
     plan = plan_memory(config, device=device if device in ("cuda", "mps", "cpu") else None)
     if (warning := plan.warning()) is not None:
         warnings.append(warning)
@@ -164,45 +151,11 @@ def _memory_status(config: Config, device: str | None, warnings: list[str]) -> d
 
 
 def _lora_warning(setting, model_dir: Path) -> str | None:
-    """``lora.target_modules`` against the layers named in the model's safetensors headers
+    """``lora.target_modules`` judged by reinf.lora's rule on the layers in the model's files
     (no model load). Where the engine is at hand (GET /api/status), its own check on the
     loaded model is reported instead."""
-    layers = _weight_layers(model_dir)
-    if not layers or setting == "all-linear":
-        return None
-    if setting == "auto":
-        if any(re.search(r"attn|attention", part, re.I) for name in layers
-               for part in name.split(".")[:-1]):
-            return None
-        problem = "auto may find no attention projections in"
-    elif any(name == t or name.endswith("." + t) for name in layers for t in setting):
-        return None
-    else:
-        problem = f"{list(setting)} matches no layer of"
-    names = sorted({name.rsplit(".", 1)[-1] for name, dims in layers.items() if dims == 2}
-                   - {"wte", "wpe"})
-    names = [n for n in names if "emb" not in n]
-    return (f"lora.target_modules {problem} {model_dir.name}; its Linear layers are named "
-            f"{', '.join(names) or '(none)'} — set lora.target_modules to "
-            f"{'' if setting == 'auto' else 'auto, '}all-linear, or some of those names "
-            "(training stops until it is fixed)")
-
-
-def _weight_layers(model_dir: Path) -> dict[str, int]:
-    """Module name -> number of dimensions of its ``weight``, read from the headers of the
-    directory's safetensors files ({} when there are none or they cannot be read)."""
-    layers: dict[str, int] = {}
-    for file in sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else ():
-        try:
-            with open(file, "rb") as f:
-                size = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(size)) if 0 < size < 100_000_000 else {}
-        except (OSError, ValueError):
-            return {}
-        for key, meta in header.items():
-            if key.endswith(".weight") and isinstance(meta, dict):
-                layers[key[:-len(".weight")]] = len(meta.get("shape") or ())
-    return layers
+    layers = read_layers(model_dir)
+    return next(iter(lora_target_warnings(layers, setting)), None) if layers else None
 
 
 def _training_status(config: Config, store) -> dict:
@@ -220,6 +173,40 @@ def _training_status(config: Config, store) -> dict:
                        run_id=run.id)
             break
     return out
+
+
+def vs_base_status(store, active) -> dict | None:
+    """What changed, at a glance: the active checkpoint against the bare base, by the
+    rating model (its round's ``vs_base`` metrics) and by the person's picks (counted now:
+    pairs between it or its ancestors and the base, reinf.leaderboard.picks_vs_base)."""
+    from reinf.leaderboard import picks_vs_base
+
+    if active is None:
+        return None
+    by_model = (active.metrics.get("vs_base") or {}).get("by_rating_model")
+    picks = picks_vs_base(store, active.id)
+    return {"checkpoint_id": active.id, "by_rating_model": by_model, "by_your_picks": picks,
+            "line": describe_vs_base(active.id, by_model, picks)}
+
+
+def describe_vs_base(checkpoint_id: str, by_model: dict | None, picks: dict | None) -> str:
+    """'r0007 vs base: wins 62% by the rating model (16 prompts), 3 of 4 by your picks'."""
+    parts = []
+    if by_model and by_model.get("win_rate") is not None:
+        parts.append(f"wins {by_model['win_rate']:.0%} by the rating model "
+                     f"({by_model['prompts']} prompts)")
+    if picks:
+        text = f"{picks['wins']} of {picks['pairs']} by your picks"
+        if picks["ties"]:
+            text += f" ({picks['ties']} {'tie' if picks['ties'] == 1 else 'ties'})"
+        if picks["checkpoints"] != [checkpoint_id]:
+            text += " of it and its ancestors"
+        parts.append(text)
+    name = checkpoint_id.split("-")[0]  # r0007 of r0007-20261125-030648-8ce1
+    name = name if name[1:].isdigit() and name.startswith("r") else checkpoint_id
+    return f"{name} vs base: " + (", ".join(parts) if parts else "not measured yet (a round "
+                                  "with a rating model measures it; the compare page counts "
+                                  "your picks)")
 
 
 def _reward_hook_status(config: Config) -> dict:

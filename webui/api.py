@@ -1,6 +1,6 @@
 """The JSON API of chat and ratings (docs/design.md §6): chat, rate, history, conversations,
-forget, alternatives (again, pick), compare and pairs. Thin: parse, call the store, the chat
-service or reinf.compare, return JSON."""
+forget, alternatives (again, pick), compare, pairs and the leaderboard. Thin: parse, call
+the store, the chat service, reinf.compare or reinf.leaderboard, return JSON."""
 from __future__ import annotations
 
 from importlib import metadata
@@ -351,3 +351,12 @@ def pairs():
                                                       else checkpoint),
         since=query_datetime("since"))
     return jsonify({"pairs": [p.to_dict() for p in rows], "count": len(rows)})
+
+
+@bp.get("/leaderboard")
+def leaderboard():
+    """A Bradley-Terry score per checkpoint from the person's picks (reinf.leaderboard);
+    ``blind``: only blind (true) or only seen (false) picks."""
+    from reinf.leaderboard import build_leaderboard
+
+    return jsonify(build_leaderboard(get_runtime().store, blind=query_bool("blind")))

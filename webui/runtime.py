@@ -14,8 +14,9 @@ from typing import Any
 
 from flask import current_app
 
-from reinf.config import Config, model_display_name
+from reinf.config import Config
 from reinf.errors import NotAvailable
+from reinf.location import model_display_name
 from webui.security import Guard
 from webui.streaming import Streams
 

@@ -44,9 +44,15 @@ from typing import Any
 
 import torch
 
-from reinf.training import checkpoints
+from reinf.adapters import load_adapter
 from reinf.errors import ReinfError
 from reinf.lock import acquire_train_lock
+from reinf.rewards import compute_rewards
+from reinf.training import checkpoints
+from reinf.training.ppo import Policy, ValueHead, build_rollout, update_mode, weighted_mean
+from reinf.training.session import (fresh_adapter, load_base, prepare_for_training,
+                                    resolve_train_device)
+from reinf.training.trainer import promote
 from reinf.worker import Outcome
 
 log = logging.getLogger("reinf.bench.baselines")
@@ -59,7 +65,7 @@ KTO_EFFECTIVE_BATCH = 16       # ... and an effective batch of 16 to 128
 
 def check_trl() -> str:
     """TRL's version, or a ReinfError saying how to install the bench extra."""
-    try:
+    try:  # the bench extra: an optional dependency, looked for when asked
         import datasets  # noqa: F401
         import trl
     except ImportError as exc:
@@ -106,8 +112,6 @@ class BaselineRunner:
         return outcome
 
     def _round(self, run_id: int) -> Outcome:
-        from reinf.rewards import compute_rewards
-
         config, store = self.config, self.store
         samples = store.training_samples(config.ppo.replay_buffer_size)
         rows = {r.turn_id: r for r in compute_rewards(config, samples,
@@ -133,12 +137,10 @@ class BaselineRunner:
         root = checkpoints.root_dir(config)
         ckpt_id = checkpoints.create_checkpoint_id(round_no)
         hidden = model.config.get_text_config().hidden_size
-        from reinf.training.ppo import ValueHead
         path = checkpoints.write_checkpoint(
             root, ckpt_id, model=model, value_head=ValueHead(hidden),
             state={"version": 1, "round": round_no, "baseline": self.kind},
             metrics={**metrics, "checkpoint_id": ckpt_id, "run_id": run_id})
-        from reinf.training.trainer import promote
         promote(config, store, run_id, ckpt_id, path, parent_id=parent, metrics=metrics,
                 samples=metrics["samples"])
         return Outcome("succeeded", f"{self.kind} round {round_no}: checkpoint {ckpt_id}",
@@ -159,17 +161,12 @@ def quiet():
 def load_trainable(config, store):
     """The base on the training device with the active checkpoint's adapter (trainable), or
     a fresh adapter seeded exactly as a first PPO round seeds its own."""
-    from peft import PeftModel
-
-    from reinf.training.session import (fresh_adapter, load_base, prepare_for_training,
-                                        resolve_train_device)
-
     loaded = load_base(config, resolve_train_device(config)[0])
     active = store.active_checkpoint()
     with quiet():
         model = prepare_for_training(loaded, False)
         if active is not None:
-            model = PeftModel.from_pretrained(model, active.path, is_trainable=True)
+            model = load_adapter(model, Path(active.path), active.id, trainable=True)
         else:
             model = fresh_adapter(model, config, seed=config.ppo.seed)
     return model, loaded, active.id if active else None
@@ -179,8 +176,6 @@ def load_trainable(config, store):
 
 def train_sft(model, kept, config, seed: int) -> dict[str, Any]:
     """``ppo_epochs`` passes of weighted NLL on the replies with a positive reward."""
-    from reinf.training.ppo import Policy, ValueHead, build_rollout, update_mode, weighted_mean
-
     episodes = [(s.prompt_ids, s.reply_ids, s.logprobs, 1.0, row.reward,
                  max(row.reward, 0.0) * row.weight) for s, row in kept]
     episodes = [e for e in episodes if e[5] > 0 and e[0]]
@@ -245,13 +240,13 @@ def kto_settings(config) -> dict[str, Any]:
 
 def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, Any]:
     check_trl()
+    # Function-local: TRL and datasets are the bench extra (check_trl says how to get
+    # them), and TRL's trainer stack loads only for a KTO round.
     import datasets
     import transformers
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import KTOConfig, KTOTrainer
-
-    from reinf.training.session import load_base
 
     rows = build_kto_rows(kept, loaded.tokenizer, seed)
     if not rows:

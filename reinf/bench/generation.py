@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model in SHAPES:
         from transformers import AutoTokenizer
 
-        from reinf.config import demo_model_dir
+        from reinf.location import demo_model_dir
         source = args.tokenizer or str(demo_model_dir(cfg))
         loaded = build_shaped_model(AutoTokenizer.from_pretrained(source), SHAPES[args.model])
         result = measure_generation(loaded, PROMPTS, config=cfg, max_new_tokens=args.new_tokens,

@@ -37,6 +37,13 @@ seed) and a judge
 (the rater, seeded ``PROBE_SEED``) rates them; the same pass measures KL to the base and
 perplexity on the demo corpus's held-out slice (``reinf.bench.probe``; about a quarter of
 the probe's time, so it runs per round too).
+**Pairs** (``pairs_every`` N, ``--pairs-every``): every Nth interaction the simulated person
+gives a pair instead of a rating, at the same cost (``give_pair``): the reply, another one to
+the same message through regenerate's path, the better of the two by the rater picked (a
+regenerate pair), a tie when it scores them the same. The x axis (``ratings`` in the curves)
+then counts interactions, ratings and pairs alike, a round comes after every ``train_after``
+interactions, and the live windows count the first reply of a pair as a rating would.
+
 "Ratings to target" reads this curve, not the live ratings: 64 fixed prompts have far less luck
 in them than a window of 16 live ratings, and "held" asks that the curve stay at or above the
 target from that round to the end of the run.
@@ -59,6 +66,7 @@ METHODS = {"reinf": "Reinf (default config)", "rated": "PPO on rated replies onl
            "sft": "reward-weighted SFT", "kto": "KTO (TRL)"}
 BASELINES = ("rated", "sft", "kto")
 PROBE_SEED = 1_000_003      # probe prompts, sampling seeds, judge: fixed across rounds and runs
+PAIR_SEED = 50_000          # a pair's second reply: its sampling seed is the first's + this
 # The goals, checked on Reinf's means over seeds (check_goals).
 GOAL_RISE, GOAL_RISE_BY = 1.0, 48             # probe mean +1.0 over the base by 48 ratings
 GOAL_SHARE, GOAL_SHARE_BY = 0.9, 96           # preferred share >= 90% by 96 ratings
@@ -85,6 +93,7 @@ class LearnPlan:
     keep: bool = False
     prompts: str | None = None        # training prompts (.txt or .jsonl); None: built in
     probe_prompts: str | None = None  # probe prompts; None: the other side of the split
+    pairs_every: int = 0          # every Nth interaction is a pair, not a rating; 0: never
 
 
 def say(text: str) -> None:
@@ -97,6 +106,9 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
 
     if min(plan.ratings, plan.seeds, plan.window, plan.probe, plan.final_probe) < 1:
         raise BadInput("ratings, seeds, window, probe and final_probe must be at least 1")
+    if plan.pairs_every == 1 or plan.pairs_every < 0:
+        raise BadInput("--pairs-every must be 0 (ratings only) or at least 2: the rating "
+                       "model needs ratings beside the pairs", fix="pass --pairs-every 4")
     unknown = [m for m in plan.methods if m not in METHODS]
     if unknown:
         raise BadInput(f"unknown baseline {unknown[0]!r}",
@@ -124,7 +136,8 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     for seed in seeds:
         for method in plan.methods:
             progress(f"[{method} seed {seed}] {label_of(method, config)}: {plan.ratings} "
-                     f"ratings, a round every {k}")
+                     + (f"interactions (a pair every {plan.pairs_every})"
+                        if plan.pairs_every else "ratings") + f", a round every {k}")
             runs[method].append(run_method(method, config, plan, k, seed, shared, progress))
     from reinf.bench.generation import machine
     methods = {m: {"label": label_of(m, config), "settings": settings_of(m, config),
@@ -306,17 +319,29 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
             return adopt(ctx, ctx.runner.run(trigger, force=force))
 
         scores, preferred, loop = [], [], 0.0
+        picks: Counter = Counter()
+        last_round = 0
         for i, prompt in enumerate(shared["prompt_plan"].streams[seed]):
             n = i + 1
             t0 = time.perf_counter()
-            turn = ctx.chat.send(prompt, seed=seed * 100_003 + i)
-            score = rater(prompt, turn.reply)
-            ctx.store.rate(turn.id, score)
+            if plan.pairs_every and n % plan.pairs_every == 0:
+                score, good, outcome = give_pair(ctx, rater, prompt, seed * 100_003 + i)
+                picks[outcome] += 1
+            else:
+                turn = ctx.chat.send(prompt, seed=seed * 100_003 + i)
+                score = rater(prompt, turn.reply)
+                ctx.store.rate(turn.id, score)
+                good = rater.is_preferred(turn.reply, score, prompt=prompt)
             scores.append(score)
-            preferred.append(rater.is_preferred(turn.reply, score, prompt=prompt))
+            preferred.append(good)
             t1 = time.perf_counter()
-            result = run_job("ratings", force=False, round_fn=round_fn, store=ctx.store,
-                             now=utcnow, min_waiting=k)
+            if plan.pairs_every:  # a round after every k interactions, ratings and pairs alike
+                result = run_job("ratings", force=False, round_fn=round_fn, store=ctx.store,
+                                 now=utcnow) if n - last_round >= k else {"status": "skipped"}
+            else:
+                result = run_job("ratings", force=False, round_fn=round_fn, store=ctx.store,
+                                 now=utcnow, min_waiting=k)
+            last_round = n if result["status"] != "skipped" else last_round
             loop += time.perf_counter() - t0
             if result["status"] != "skipped":
                 rnd = {**summarize_round(result, n), "wall_seconds": time.perf_counter() - t1}
@@ -354,6 +379,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
             "window_ratings_to_target_held": ratings_to_target(scores, plan.window,
                                                                plan.target, held=True),
             "scores": scores, "preferred": [int(p) for p in preferred],
+            "pairs": dict(picks) if plan.pairs_every else None,
             "loop_seconds": loop, "probe_seconds": probe.generate_seconds,
             "measure_seconds": probe.measure_seconds,
             "round_seconds": statistics.fmean(r["wall_seconds"] for r in ctx.rounds)
@@ -368,6 +394,25 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         ctx.store.close()
         if not plan.keep:
             shutil.rmtree(ctx.home, ignore_errors=True)
+
+
+def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, str]:
+    """An interaction that gives a pair instead of a rating: the reply to ``prompt``, then
+    another to the same message through regenerate's path (``ChatService.stream_again``);
+    the rater scores both, the better one is picked (``ChatService.pick``: a regenerate
+    pair), equal scores are stored as a tie. Returns the first reply's score and preferred
+    flag (what the live windows count, as for a rating) and the outcome (a, b or tie)."""
+    first = ctx.chat.send(prompt, seed=seed)
+    second = ctx.chat.stream_again(first.id, seed=seed + PAIR_SEED).wait()
+    score, other = rater(prompt, first.reply), rater(prompt, second.reply)
+    if score == other:
+        ctx.store.add_pair(prompt, "tie", source="regenerate", a_turn_id=first.id,
+                           b_turn_id=second.id)
+        outcome = "tie"
+    else:
+        ctx.chat.pick(first.id if score > other else second.id)
+        outcome = "a" if score > other else "b"
+    return score, rater.is_preferred(first.reply, score, prompt=prompt), outcome
 
 
 def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
@@ -463,11 +508,15 @@ def summarize_round(result: dict, after: int) -> dict:
             "explained_variance", "clipfrac", "seconds", "mode", "mode_reason",
             "rating_model_consistency", "rating_model_consistency_ceiling", "rollouts",
             "predicted_score_mean", "rollout_seconds",
-            "fluency_change", "staleness", "advantage")
+            "fluency_change", "staleness", "advantage", "rating_model_pairs",
+            "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only")
+    by_model = (m.get("vs_base") or {}).get("by_rating_model") or {}
     return {"after_ratings": after, "status": result["status"],
             "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),
             "swap_pause_ms": result.get("swap_pause_ms"),
-            **{k: m[k] for k in keys if k in m}}
+            **{k: m[k] for k in keys if k in m},
+            **({"win_rate_vs_base": by_model.get("win_rate"),
+                "vs_base_seconds": by_model.get("seconds")} if by_model else {})}
 
 
 # --- targets and aggregation (no model: tests/unit/test_bench_learn.py) -----------------------

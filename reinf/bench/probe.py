@@ -20,15 +20,23 @@ base (``load_policy``) and measures, with no gradient:
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from safetensors.torch import load_file
 
-from reinf.modeling import quiet_peft
+from reinf.adapters import load_adapter
+from reinf.demo.corpus import generate_corpus, split_corpus
+from reinf.modeling import load_model
+from reinf.training.checkpoints import VALUE_HEAD
+from reinf.training.ppo import (Policy, ValueHead, build_rollout, evaluate, measure_kl,
+                                weighted_mean)
 from reinf.training.rating_model import rank, spearman  # noqa: F401 (re-exported)
+from reinf.training.rollouts import sample_rollouts
 
 HELDOUT_ITEMS = 200
 
@@ -44,8 +52,6 @@ class Heldout:
 def load_heldout(tokenizer, n: int = HELDOUT_ITEMS, seed: int = 0) -> Heldout:
     """``n`` items spread evenly over the corpus's held-out slice, tokenized as the demo
     build tokenizes them (chat template, assistant tokens are the reply)."""
-    from reinf.demo.corpus import generate_corpus, split_corpus
-
     _, held = split_corpus(generate_corpus(seed=seed), seed=seed)
     step = max(1, len(held) // max(1, n))
     items = held[::step][:n]
@@ -83,15 +89,6 @@ def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | Non
     head, or the bare base (zero value head) when ``checkpoint_path`` is None. A checkpoint
     without a value head (an RLOO round trains none) gets the zero head too. ``cache``
     keeps the loaded base between calls (each call works on its own deep copy)."""
-    import copy
-
-    from peft import PeftModel
-    from safetensors.torch import load_file
-
-    from reinf.training.checkpoints import VALUE_HEAD
-    from reinf.modeling import load_model
-    from reinf.training.ppo import Policy, ValueHead
-
     cache = {} if cache is None else cache
     if "base_model" not in cache:
         cache["base_model"] = load_model(config)
@@ -99,8 +96,7 @@ def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | Non
     model = copy.deepcopy(loaded.model).eval()
     head = ValueHead(model.config.get_text_config().hidden_size)
     if checkpoint_path is not None:
-        with quiet_peft():
-            model = PeftModel.from_pretrained(model, str(checkpoint_path)).eval()
+        model = load_adapter(model, Path(checkpoint_path), Path(checkpoint_path).name)
         head_file = Path(checkpoint_path) / VALUE_HEAD
         if head_file.is_file():
             head.load_state_dict(load_file(str(head_file)))
@@ -112,8 +108,6 @@ def measure_policy(policy, probe: Sequence[tuple], heldout: Heldout, *, adapter:
     """KL per token on ``probe`` episodes, held-out perplexity (and each held-out reply's
     NLL and token count, for perplexity on a subset), and the predicted reward of every
     probe reply and held-out reply (value at the last reply token)."""
-    from reinf.training.ppo import build_rollout, evaluate, measure_kl, weighted_mean
-
     device = next(policy.model.parameters()).device
     out: dict = {}
     with torch.no_grad():
@@ -171,8 +165,6 @@ def sample_probe(engine, prompts: Sequence[str], start: int, n: int, *, seed: in
     same whatever probe size asked for it (replies beyond ``n`` in the last block are
     sampled and dropped). Batched, a real model answers a 64-prompt probe several times
     faster than one reply at a time."""
-    from reinf.training.rollouts import sample_rollouts
-
     params = engine.generation_params()
     out: list[ProbeReply] = []
     first = start - start % PROBE_BLOCK

@@ -178,7 +178,8 @@ def wait_for_runs(store, n: int, timeout: float = 900) -> None:
 
 def take(out: Path, model: str, home: Path) -> list[Path]:
     from reinf.chat import ChatService
-    from reinf.config import DEMO_MODEL, load_config, render_yaml, resolve_model_path
+    from reinf.config import load_config, render_yaml
+    from reinf.location import DEMO_MODEL, resolve_model_path
     from reinf.demo.corpus import sample_prompts
     from reinf.daemon import Daemon
     from reinf.engine import Engine

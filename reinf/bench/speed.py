@@ -67,7 +67,7 @@ def run_speed(config, models: list[str], *, turns: int = 64, turns_large: int = 
     ``models``: ``demo``, ``0.5b`` or model paths (see the module docstring). A model path
     gets ``turns`` rated turns, or ``turns_large`` from ``LARGE_PARAMETERS`` parameters on.
     """
-    from reinf.config import resolve_model_path
+    from reinf.location import resolve_model_path
     from reinf.errors import BadInput, ReinfError
     from reinf.modeling import check_model_path
 
@@ -101,7 +101,7 @@ def measure_model(config, name: str, *, turns: int, quick: bool,
     """Everything for one model, in this process (see the module docstring): ``demo``,
     ``0.5b`` or a model path. A model path of ``LARGE_PARAMETERS`` or more gets
     ``turns_large`` rated turns (when given) instead of ``turns``."""
-    from reinf.config import resolve_model_path
+    from reinf.location import resolve_model_path
     from reinf.modeling import load_model
     from reinf.bench.generation import machine, measure_generation
     from reinf.bench.training import measure_round
@@ -164,7 +164,7 @@ def measure_chat_reply_fresh(cfg, *, new_tokens: int, repeats: int, say) -> dict
     llama.cpp on the same GGUF when possible (``reinf.bench.llamacpp``)."""
     from reinf.bench.generation import PROMPTS
     from reinf.bench.llamacpp import measure_chat_reply
-    from reinf.config import resolve_model_path
+    from reinf.location import resolve_model_path
     from reinf.engine import Engine
     from reinf.modeling import load_model
 
@@ -298,7 +298,7 @@ def round_split(metrics: dict[str, Any]) -> dict[str, Any]:
 def save_shaped_model(config, out: Path) -> str:
     from transformers import AutoTokenizer
 
-    from reinf.config import demo_model_dir
+    from reinf.location import demo_model_dir
     from reinf.bench.generation import build_shaped_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir(config)))

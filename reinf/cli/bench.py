@@ -1,9 +1,17 @@
-"""``reinf bench learn`` and ``reinf bench speed``: benchmarks, not tests (docs/benchmarks.md)."""
+"""``reinf bench learn`` and ``reinf bench speed``: benchmarks, not tests (docs/benchmarks.md).
+
+``reinf bench learn``'s defaults are ``LearnPlan``'s (reinf.bench.learn), read here, never
+restated.
+"""
+import dataclasses
 import os
 
 import click
 
+from reinf.bench.learn import BASELINES, LearnPlan
 from reinf.cli.common import emit, json_option
+
+PLAN = {f.name: f.default for f in dataclasses.fields(LearnPlan)}  # field -> its default
 
 
 @click.group()
@@ -22,56 +30,67 @@ def _threads(threads: int | None, config) -> int:
 
 
 @bench.command()
-@click.option("--rater", default="prefers-terse", show_default=True,
+@click.option("--rater", default=PLAN["rater"], show_default=True,
               help="Built-in rater or FILE.py:function. For the demo model's styles: "
                    "prefers-terse, prefers-chatty, prefers-bullets, prefers-plain, "
                    "dislikes-questions, noisy. Over real text (never used to tune a "
                    "default): length-graded, bullets, no-question-back, no-exclamation, "
                    "answer-first, formal, casual, gives-example, arithmetic, context-length, "
                    "noisy-graded.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
+              default=PLAN["prompts"],
               help="Training prompts, .txt (one a line) or .jsonl ({\"prompt\": ...}) "
                    "[default: the built-in set's training side; the demo corpus on the demo "
                    "model]. Alone, it is split: about a quarter becomes the probe.")
-@click.option("--probe-prompts", "probe_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--probe-prompts", "probe_file", type=click.Path(dir_okay=False),
+              default=PLAN["probe_prompts"],
               help="Probe prompts, .txt or .jsonl; any that is also a training prompt "
                    "(same text up to case, spaces and punctuation) is dropped.")
-@click.option("--ratings", type=click.IntRange(1), default=96, show_default=True,
+@click.option("--ratings", type=click.IntRange(1), default=PLAN["ratings"], show_default=True,
               help="Ratings per method and seed.")
 @click.option("--train-after", type=click.IntRange(1), default=None,
               help="A round after every K new ratings [default: train_after_ratings, 8].")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(0), default=PLAN["seed"], show_default=True,
               help="First seed of the rating streams.")
-@click.option("--seeds", type=click.IntRange(1), default=3, show_default=True,
+@click.option("--seeds", type=click.IntRange(1), default=PLAN["seeds"], show_default=True,
               help="Run every method on seeds SEED, SEED+1, ...; the report gives means over "
                    "seeds and their min-max.")
 @click.option("--model", "model_path", default=None,
               help="Base model (model_path) [default: the configured one].")
-@click.option("--baselines", default="rated,sft,kto", show_default=True,
+@click.option("--baselines", show_default=True,
+              default=",".join(m for m in PLAN["methods"] if m in BASELINES) or "none",
               help="Comma-separated: rated (Reinf's PPO on rated replies only, "
                    "training.method=rated), sft (reward-weighted SFT), kto (TRL's KTOTrainer); "
                    "or none.")
-@click.option("--window", type=click.IntRange(1), default=16, show_default=True,
+@click.option("--window", type=click.IntRange(1), default=PLAN["window"], show_default=True,
               help="Ratings per reported window of live ratings.")
-@click.option("--target", type=click.FloatRange(1, 5), default=4.0, show_default=True,
+@click.option("--target", type=click.FloatRange(1, 5), default=PLAN["target"],
+              show_default=True,
               help="Target probe mean rating (ratings to target, and held to the end).")
-@click.option("--probe", type=click.IntRange(1), default=64, show_default=True,
+@click.option("--probe", type=click.IntRange(1), default=PLAN["probe"], show_default=True,
               help="Probe replies after every round (fixed prompts and sampling seeds).")
-@click.option("--final-probe", type=click.IntRange(1), default=128, show_default=True,
+@click.option("--final-probe", type=click.IntRange(1), default=PLAN["final_probe"],
+              show_default=True,
               help="Probe replies for the base model and the final measurement.")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch CPU threads [default: train_threads, else torch's own].")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench-learn.png",
               show_default=True, help="Where the plot goes (.svg without matplotlib).")
-@click.option("--child", is_flag=True,
+@click.option("--pairs-every", type=click.IntRange(0), default=0, show_default=True,
+              help="Every Nth interaction the simulated person gives a pair instead of a "
+                   "rating: another reply to the same message (regenerate), the better one "
+                   "picked, a tie when rated the same. --ratings and the x axis then count "
+                   "interactions. 0 = ratings only.")
+@click.option("--child", is_flag=True, default=PLAN["child"],
               help="Run Reinf's rounds in the daemon's child process (slower; default: in "
                    "this process).")
-@click.option("--keep", is_flag=True, help="Keep each run's temporary data directory.")
+@click.option("--keep", is_flag=True, default=PLAN["keep"],
+              help="Keep each run's temporary data directory.")
 @json_option
 @click.pass_obj
 def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
-          baselines, window, target, probe, final_probe, threads, plot_path, child, keep,
-          as_json):
+          baselines, window, target, probe, final_probe, threads, plot_path, pairs_every, child,
+          keep, as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
@@ -82,7 +101,7 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     reports the live windows, KL to the base, perplexity on the demo corpus's held-out
     slice, the rating model's Spearman and each round's mode. Progress goes to stderr.
     """
-    from reinf.bench.learn import BASELINES, LearnPlan, format_prompts, run_learn
+    from reinf.bench.learn import format_prompts, run_learn
     from reinf.bench.plot import format_table, save_plot
     from reinf.errors import BadInput
 
@@ -99,7 +118,8 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     plan = LearnPlan(rater=rater, ratings=ratings, train_after=train_after or 0, seed=seed,
                      seeds=seeds, window=window, target=target, probe=probe,
                      final_probe=final_probe, methods=("reinf", *chosen), child=child,
-                     keep=keep, prompts=prompts_file, probe_prompts=probe_file)
+                     keep=keep, prompts=prompts_file, probe_prompts=probe_file,
+                     pairs_every=pairs_every)
     report = run_learn(config, plan)
     report["plot"] = str(save_plot(report, plot_path))
     emit(report, as_json, lambda r: click.echo(

@@ -13,7 +13,7 @@ from reinf.cli.common import emit, json_option
 @click.pass_obj
 def models_cmd(app, as_json):
     """The models Reinf knows by name: what each is, whether it is here, its size."""
-    from reinf.config import demo_model_dir
+    from reinf.location import demo_model_dir
     from reinf.models import list_models
 
     cfg = app.config

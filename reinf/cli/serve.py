@@ -41,7 +41,7 @@ def serve(app, host, port, no_train):
         check_port(config.server.host, config.server.port)  # before the slow model load
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the log
         from reinf.chat import ChatService  # torch and transformers: after the quick checks
-        from reinf.config import resolve_model_path
+        from reinf.location import resolve_model_path
         from reinf.engine import Engine
         from webui import create_app
 

@@ -21,7 +21,8 @@ from reinf.cli.common import emit, json_option
 def init(app, model_name, skip_model, as_json):
     """Create the data directory, database, config.yaml, reward_mapper.py, and fetch the
     model (pull a named one, build the demo one) if it is missing."""
-    from reinf.config import DEMO_MODEL, render_yaml, resolve_model_path
+    from reinf.config import render_yaml
+    from reinf.location import DEMO_MODEL, resolve_model_path
     from reinf.models import INIT_MODEL
 
     if model_name:
@@ -134,6 +135,7 @@ def _print_status(d):
                                    + (f" — {run['error']}" if run["error"] else "")
                                    if run else "none yet"),
         f"training:           {_describe_training(d['training'])}",
+        *([f"what changed:       {d['vs_base']['line']}"] if d.get("vs_base") else []),
         f"next run:           {_describe_next_run(d)}",
         f"daemon:             " + ("running, pid %s" % d["daemon"].get("pid")
                                    if d["daemon"].get("running") else "not running"),

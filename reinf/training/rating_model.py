@@ -20,12 +20,32 @@ which ridge gives in closed form. A bootstrap ensemble of ``heads`` ridge fits g
 spread; the reward of a fresh reply is pessimistic, ``mean - pessimism * std``, so a
 reply the model is unsure of is not over-rewarded.
 
+**Pairs** (the person's picks between two replies to one prompt: compare, regenerate) add a
+Bradley-Terry term over the head's scores: P(a preferred to b) = sigmoid((s_a - s_b) /
+BT_SCALE), with s in rating points, so a one-point gap is a 73% preference. A pick adds the
+logistic loss of that probability, a tie (and a "both bad", which says neither is better)
+the cross-entropy with 1/2, which pulls the two scores together. The head minimises
+
+    sum_i (y_i - b - s_i)^2 + lam |w|^2 + beta * sum_k loss_k(s_a(k) - s_b(k))
+
+with beta = 2 x the ratings' leave-one-out squared error x training.pair_weight (1): the
+ridge objective is 2 sigma^2 x the ratings' Gaussian negative log-likelihood, so at weight 1
+the sum is the joint likelihood of ratings and picks (``pair_scale``). The fit starts from
+the ridge solution and takes a few damped Newton steps in the same dual form (w is a
+combination of the rated and the paired replies' features, so the system is n + p square).
+The ridge strength is still the one the ratings choose by leave-one-out; the intercept is
+still the ratings' mean (the features are standardised on the rated rows, so no slope moves
+it). Without pairs the fit is the ridge one, unchanged.
+
 **Consistency** is the cross-validated Spearman correlation between the predicted and the
 real scores of held-out ratings (leave-one-out up to 48 ratings, 10 folds beyond; the ridge
-strength is chosen inside each fold, so the figure is honest). Its ceiling is below 1 when
-ratings tie (``spearman_ceiling``: 0.87 for ratings split evenly between two values). It
-decides whether the round may trust the model (see ``reinf.training.trainer``) and is
-reported as the "reward consistency" figure.
+strength is chosen inside each fold, so the figure is honest; pairs that hold a held-out
+reply are left out of its fold). Its ceiling is below 1 when ratings tie
+(``spearman_ceiling``: 0.87 for ratings split evenly between two values). It decides whether
+the round may trust the model (see ``reinf.training.trainer``) and is reported as the
+"reward consistency" figure. **Pairwise accuracy** is its counterpart for pairs: the share of
+held-out picks (ties left out) whose winner a model fitted without them scores higher,
+beside the same figure for the ratings alone (``cross_validated_pair_accuracy``).
 """
 from __future__ import annotations
 
@@ -43,6 +63,9 @@ from reinf.sampling import ForwardArgs
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 FOLDS = 10              # cross-validation folds once there are more than LOO_UP_TO ratings
 LOO_UP_TO = 48          # up to here every rating is its own fold (leave-one-out)
+BT_SCALE = 1.0          # rating points of score gap per unit of Bradley-Terry log-odds
+NEWTON_STEPS = 12       # damped Newton steps on the pairs term (it converges in 3-6)
+PAIR_FOLDS = 10         # cross-validation folds over pairs (leave-one-out below 10 pairs)
 
 
 # --- features -----------------------------------------------------------------------------
@@ -141,11 +164,125 @@ def _loo_errors(xs: Tensor, y: Tensor, strength: float) -> Tensor:
 
 def choose_strength(x: Tensor, y: Tensor) -> float:
     """The ridge strength from RIDGE_GRID with the lowest leave-one-out squared error."""
+    return ridge_choice(x, y)[0]
+
+
+def ridge_choice(x: Tensor, y: Tensor) -> tuple[float, float]:
+    """(the strength choose_strength picks, its mean leave-one-out squared error)."""
     mu, sd = _standardise(x)
     xs = ((x - mu) / sd).double()
     yd = y.double()
     errors = [float((_loo_errors(xs, yd, s) ** 2).mean()) for s in RIDGE_GRID]
-    return RIDGE_GRID[min(range(len(errors)), key=errors.__getitem__)]
+    best = min(range(len(errors)), key=errors.__getitem__)
+    return RIDGE_GRID[best], errors[best]
+
+
+def pair_scale(loo_error: float, pair_weight: float) -> float:
+    """The weight of a pick's log-loss beside squared rating errors. The ridge objective is
+    2 sigma^2 x the ratings' Gaussian negative log-likelihood (sigma^2: their noise, which
+    the leave-one-out error estimates), so 2 sigma^2 x the picks' log-loss makes the sum the
+    joint likelihood; ``pair_weight`` (training.pair_weight) scales that."""
+    return pair_weight * 2 * max(loo_error, 0.05)
+
+
+# --- pairs: a Bradley-Terry term on the head's scores ------------------------------------------
+
+@dataclass(frozen=True)
+class PairSet:
+    """The person's picks as rows of the feature matrix: reply ``a[k]`` against ``b[k]``,
+    ``target[k]`` = 1 when a was preferred, 0 when b was, 0.5 for a tie (or both bad)."""
+    a: Tensor        # (m,) long
+    b: Tensor        # (m,) long
+    target: Tensor   # (m,) float64
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[int, int, float]]) -> "PairSet":
+        return cls(torch.tensor([r[0] for r in rows], dtype=torch.long),
+                   torch.tensor([r[1] for r in rows], dtype=torch.long),
+                   torch.tensor([float(r[2]) for r in rows], dtype=torch.float64))
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    def take(self, idx: Tensor) -> "PairSet":
+        return PairSet(self.a[idx], self.b[idx], self.target[idx])
+
+
+def _fit_pairs(k: Tensor, xs: Tensor, y: Tensor, counts: Tensor, pairs: PairSet,
+               pair_counts: Tensor, strength: float, beta: float) -> _Ridge:
+    """The head with the pairs term, in dual form: w = Xs^T g over all N rows of ``xs``
+    (the n rated ones first, ``y`` their scores, ``counts`` their bootstrap weights; then
+    rows only pairs name), ``k`` = Xs Xs^T. Starts from the ridge solution of the ratings,
+    then damped Newton steps on J(g) = sum c (yc - f)^2 + sum q loss(d) + lam g^T K g,
+    f = K g, d = (f_a - f_b) / BT_SCALE, q = beta x the pairs' bootstrap counts. A Newton
+    step in the dual solves (H_f K + 2 lam I) step = -(grad_f + 2 lam g), H_f being the
+    Hessian of the data terms in f."""
+    n, big_n = len(y), len(k)
+    c = counts.double()
+    b = float((c * y).sum() / c.sum())
+    yc = y - b
+    lam = strength * float(((c * k.diagonal()[:n]).sum() / c.sum()).clamp_min(1e-6))
+    q = beta * pair_counts.double()
+    a_idx, b_idx, t = pairs.a, pairs.b, pairs.target
+
+    def objective(g: Tensor) -> tuple[float, Tensor]:
+        f = k @ g
+        d = (f[a_idx] - f[b_idx]) / BT_SCALE
+        loss = t * torch.nn.functional.softplus(-d) + (1 - t) * torch.nn.functional.softplus(d)
+        value = float((c * (yc - f[:n]) ** 2).sum() + (q * loss).sum() + lam * (g @ f))
+        return value, f
+
+    g = torch.zeros(big_n, dtype=torch.float64)
+    g[:n] = torch.linalg.solve(c[:, None] * k[:n, :n] + lam * torch.eye(n, dtype=k.dtype),
+                               c * yc)
+    value, f = objective(g)
+    eye = torch.eye(big_n, dtype=k.dtype)
+    for _ in range(NEWTON_STEPS):
+        d = (f[a_idx] - f[b_idx]) / BT_SCALE
+        p = torch.sigmoid(d)
+        grad = torch.zeros(big_n, dtype=torch.float64)
+        grad[:n] = -2 * c * (yc - f[:n])
+        slope = q * (p - t) / BT_SCALE                         # dJ/d(f_a - f_b)
+        grad.index_add_(0, a_idx, slope).index_add_(0, b_idx, -slope)
+        curve = q * p * (1 - p) / BT_SCALE ** 2               # d2J/d(f_a - f_b)^2
+        # H_f K without the (N, N) H_f: its diagonal on the rated rows, and for each pair
+        # +-curve x (K[a] - K[b]) on rows a and b
+        hk = torch.zeros(big_n, dtype=torch.float64)
+        hk[:n] = 2 * c
+        hk = hk[:, None] * k
+        rows = curve[:, None] * (k[a_idx] - k[b_idx])           # (m, N)
+        hk.index_add_(0, a_idx, rows).index_add_(0, b_idx, -rows)
+        step = torch.linalg.solve(hk + 2 * lam * eye, -(grad + 2 * lam * g))
+        for _ in range(30):  # halve until the objective does not rise (it is convex)
+            new_value, new_f = objective(g + step)
+            if new_value <= value:
+                break
+            step = step / 2
+        else:
+            break
+        g, done = g + step, value - new_value <= 1e-10 * (1 + abs(value))
+        value, f = new_value, new_f
+        if done:
+            break
+    return _Ridge(xs.T @ g, b)
+
+
+def _cuts(n: int, folds: int, seed: int) -> list[Tensor]:
+    """``folds`` (at most n) disjoint test sets covering 0..n-1, seeded."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    k = min(folds, n)
+    return [order[f::k] for f in range(k)]
+
+
+def _without(x: Tensor, n: int, y: Tensor, pairs: PairSet, out: Tensor
+             ) -> tuple[Tensor, Tensor, PairSet]:
+    """The problem without rated rows ``out`` and the pairs that name one of them."""
+    keep = torch.ones(len(x), dtype=torch.bool)
+    keep[out] = False
+    remap = torch.cumsum(keep.long(), 0) - 1
+    ok = keep[pairs.a] & keep[pairs.b]
+    rows = pairs.take(ok.nonzero().flatten())
+    return x[keep], y[keep[:n]], PairSet(remap[rows.a], remap[rows.b], rows.target)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -160,6 +297,8 @@ class RatingModel:
     strength: float     # ridge strength (multiple of the kernel's mean diagonal)
     n: int              # ratings it was fitted on
     consistency: float | None  # cross-validated Spearman; None when undefined
+    pairs: int = 0      # picks it was fitted on (not saved: the round reports it)
+    pair_scale: float = 0.0  # the weight of a pick's log-loss it used (pair_scale)
 
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Predicted score of each row: (mean over heads, std over heads), clamped to 1..5."""
@@ -189,53 +328,129 @@ class RatingModel:
 
 
 def fit_rating_model(x: Tensor, y: Sequence[float], *, heads: int = 5, seed: int = 0,
-                     cross_validate: bool = True) -> RatingModel:
-    """Fit the ensemble on features ``x`` (n, D) and scores ``y``; with ``cross_validate``,
-    also measure its consistency (k-fold Spearman, the strength chosen inside each fold)."""
+                     cross_validate: bool = True, pairs: PairSet | None = None,
+                     pair_weight: float = 1.0) -> RatingModel:
+    """Fit the ensemble on features ``x`` and scores ``y``; with ``cross_validate``, also
+    measure its consistency (k-fold Spearman, the strength chosen inside each fold).
+
+    ``x`` is (N, D): its first ``len(y)`` rows are the rated replies; ``pairs`` (rows of
+    ``x``) may name those and the rows after them (replies only paired, never rated). Each
+    bootstrap head resamples the ratings and the pairs."""
     y_t = torch.tensor([float(v) for v in y], dtype=torch.float64)
+    n = len(y_t)
     x = x.double()
-    if len(y_t) < 2:
+    if n < 2:
         raise ValueError("the rating model needs at least two ratings")
-    strength = choose_strength(x, y_t)
-    mu, sd = _standardise(x)
+    pairs = pairs if pairs is not None and len(pairs) and pair_weight > 0 else None
+    strength, loo_error = ridge_choice(x[:n], y_t)
+    beta = pair_scale(loo_error, pair_weight)
+    mu, sd = _standardise(x[:n])
     xs = (x - mu) / sd
     gen = torch.Generator().manual_seed(seed)
-    fits = [_fit(xs, y_t, strength)]  # head 0: all the data; the rest: bootstrap resamples
-    for _ in range(max(heads, 1) - 1):
-        idx = torch.randint(len(y_t), (len(y_t),), generator=gen)
-        fits.append(_fit(xs[idx], y_t[idx], strength))
-    consistency = cross_validated_spearman(x, y_t, seed=seed) if cross_validate else None
+    if pairs is None:
+        fits = [_fit(xs[:n], y_t, strength)]  # head 0: all the data; then bootstrap resamples
+        for _ in range(max(heads, 1) - 1):
+            idx = torch.randint(n, (n,), generator=gen)
+            fits.append(_fit(xs[idx], y_t[idx], strength))
+    else:
+        k = xs @ xs.T
+        ones = torch.ones(len(pairs), dtype=torch.float64)
+        fits = [_fit_pairs(k, xs, y_t, torch.ones(n), pairs, ones, strength, beta)]
+        for _ in range(max(heads, 1) - 1):
+            counts = torch.bincount(torch.randint(n, (n,), generator=gen), minlength=n)
+            drawn = torch.randint(len(pairs), (len(pairs),), generator=gen)
+            fits.append(_fit_pairs(k, xs, y_t, counts, pairs,
+                                   torch.bincount(drawn, minlength=len(pairs)), strength,
+                                   beta))
+    consistency = cross_validated_spearman(x, y_t, seed=seed, pairs=pairs,
+                                           pair_weight=pair_weight) if cross_validate else None
     return RatingModel(mu.float(), sd.float(), torch.stack([f.w for f in fits]).float(),
-                       torch.tensor([f.b for f in fits]).float(), strength, len(y_t),
-                       consistency)
+                       torch.tensor([f.b for f in fits]).float(), strength, n, consistency,
+                       pairs=len(pairs) if pairs is not None else 0,
+                       pair_scale=beta if pairs is not None else 0.0)
+
+
+def _fit_one(x: Tensor, y: Tensor, pairs: PairSet | None, pair_weight: float,
+             choice: tuple[float, float] | None = None) -> tuple[Tensor, Tensor, _Ridge]:
+    """One head (no bootstrap) on ``x`` (rated rows first): (mu, sd, fit). ``choice``:
+    ridge_choice of the ratings, when known."""
+    n = len(y)
+    strength, loo_error = ridge_choice(x[:n], y) if choice is None else choice
+    mu, sd = _standardise(x[:n])
+    xs = (x - mu) / sd
+    if pairs is None or not len(pairs) or pair_weight <= 0:
+        return mu, sd, _fit(xs[:n], y, strength)
+    return mu, sd, _fit_pairs(xs @ xs.T, xs, y, torch.ones(n), pairs,
+                              torch.ones(len(pairs), dtype=torch.float64), strength,
+                              pair_scale(loo_error, pair_weight))
 
 
 def cross_validated_spearman(x: Tensor, y: Tensor, *, seed: int = 0,
-                             folds: int | None = None) -> float | None:
+                             folds: int | None = None, pairs: PairSet | None = None,
+                             pair_weight: float = 1.0) -> float | None:
     """Spearman between each rating and its prediction by a model that never saw it:
     leave-one-out up to LOO_UP_TO ratings (a few ratings are too precious to hold out five
-    at a time), FOLDS folds beyond."""
+    at a time), FOLDS folds beyond. ``x`` may hold paired-only rows after the ``len(y)``
+    rated ones; a fold's model learns from the pairs that name none of its held-out
+    replies."""
     n = len(y)
     if n < 4 or float(y.max()) == float(y.min()):
         return None
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    k = min(folds or (n if n <= LOO_UP_TO else FOLDS), n)
+    x, y = x.double(), y.double()
+    pairs = pairs if pairs is not None and len(pairs) else PairSet.of([])
     predictions = torch.zeros(n, dtype=torch.float64)
-    for f in range(k):
-        test = order[f::k]
-        train = torch.tensor(sorted(set(order.tolist()) - set(test.tolist())))
-        xt, yt = x[train].double(), y[train].double()
+    for test in _cuts(n, folds or (n if n <= LOO_UP_TO else FOLDS), seed):
+        xt, yt, pt = _without(x, n, y, pairs, test)
         if float(yt.max()) == float(yt.min()):
             predictions[test] = float(yt.mean())
             continue
-        strength = choose_strength(xt, yt)
-        mu, sd = _standardise(xt)
-        fit = _fit((xt - mu) / sd, yt, strength)
+        mu, sd, fit = _fit_one(xt, yt, pt, pair_weight)
         # Without the fold's intercept (its training mean): leaving a rating out moves
         # that mean against the rating, which on a handful of ratings anti-correlates the
         # predictions with the truth by itself. Ranks need no common offset.
-        predictions[test] = ((x[test].double() - mu) / sd) @ fit.w
+        predictions[test] = ((x[test] - mu) / sd) @ fit.w
     return spearman(predictions.tolist(), y.tolist())
+
+
+def cross_validated_pair_accuracy(x: Tensor, y: Sequence[float], pairs: PairSet, *,
+                                  pair_weight: float = 1.0, seed: int = 0
+                                  ) -> tuple[float | None, float | None, int]:
+    """How often the model scores the person's pick higher, on picks it never saw:
+    (accuracy with the pairs term, accuracy of the ratings alone, held-out picks counted).
+    Folds over the pairs (leave-one-out below PAIR_FOLDS pairs); every rating stays in;
+    ties and "both bad" train but are not scored. A model that scores both equally counts
+    half. (None, None, 0) with fewer than 2 decisive picks."""
+    y_t = torch.tensor([float(v) for v in y], dtype=torch.float64)
+    decisive = (pairs.target != 0.5).nonzero().flatten()
+    if len(decisive) < 2 or len(y_t) < 2:
+        return None, None, 0
+    n, x = len(y_t), x.double()
+    strength, loo_error = ridge_choice(x[:n], y_t)  # the ratings' choice: no pair is in it
+    beta = pair_scale(loo_error, pair_weight)
+    mu, sd = _standardise(x[:n])
+    xs = (x - mu) / sd
+    k = xs @ xs.T  # every fold keeps every rating: one standardisation, one kernel
+    base = xs @ _fit(xs[:n], y_t, strength).w
+    right = right_alone = 0.0
+    for test in _cuts(len(pairs), PAIR_FOLDS, seed):
+        test = test[pairs.target[test] != 0.5]
+        if not len(test):
+            continue
+        train = torch.ones(len(pairs), dtype=torch.bool)
+        train[test] = False
+        kept = pairs.take(train.nonzero().flatten())
+        fit = _fit_pairs(k, xs, y_t, torch.ones(n), kept,
+                         torch.ones(len(kept), dtype=torch.float64), strength, beta)
+        held = pairs.take(test)
+        right += _agree(xs @ fit.w, held)
+        right_alone += _agree(base, held)
+    return right / len(decisive), right_alone / len(decisive), len(decisive)
+
+
+def _agree(scores: Tensor, pairs: PairSet) -> float:
+    """Picks whose winner scores higher (a draw counts half)."""
+    d = (scores[pairs.a] - scores[pairs.b]) * torch.where(pairs.target > 0.5, 1.0, -1.0)
+    return float((d > 0).sum() + 0.5 * (d == 0).sum())
 
 
 # --- rank correlation -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The training session of a round: the base model on the training device, the adapter
 and value head, the optimizer, and the state carried from round to round.
 
-A round continues from the ACTIVE checkpoint: its adapter (``PeftModel.from_pretrained``,
+A round continues from the ACTIVE checkpoint: its adapter (``reinf.adapters.load_adapter``,
 trainable), value head, optimizer state, KL controller, running reward statistics and
 counters. With the base model active (first round, or ``reinf rollback base``) everything
 starts fresh: a new adapter seeded by ``ppo.seed``, a zero value head, ``kl_coef`` from the
@@ -12,6 +12,9 @@ warning in the round's metrics names the checkpoint and the file.
 
 After a round rejected for its KL, the next round from the same parent starts with at
 least the rejected round's doubled kl_coef, so it does not repeat the same rejection.
+
+peft (which imports transformers) is imported where an adapter is made, not at the top: the
+benchmarks' baselines import this module, and their unit tests run without transformers.
 """
 from __future__ import annotations
 
@@ -22,10 +25,14 @@ from typing import Any
 
 import torch
 
-from reinf.training import checkpoints
+# load_base calls memory.trainer_quantization and modeling.load_model through their modules,
+# so that tests can stand in for them there.
+from reinf import memory, modeling
+from reinf.adapters import load_adapter
 from reinf.errors import ModelError, ReinfError
 from reinf.lora import adapted_layers, fan_in_fan_out, lora_targets, target_layers
-from reinf.modeling import quiet_peft
+from reinf.modeling import cuda_facts, get_context_limit, quiet_peft
+from reinf.training import checkpoints
 from reinf.training.ppo import KLController, Policy, RunningMoments, ValueHead
 
 log = logging.getLogger("reinf.training")
@@ -52,10 +59,10 @@ def resolve_train_device(config) -> tuple[str | None, list[str]]:
     want = config.ppo.train_device
     if want == "auto":
         return None, []
-    if want == "cuda" and not torch.cuda.is_available():
+    here = modeling.visible_devices()
+    if want == "cuda" and not here["cuda"]:
         return "cpu", ["train_device cuda: no CUDA GPU here, training on the CPU"]
-    if want == "mps" and not (getattr(torch.backends, "mps", None)
-                              and torch.backends.mps.is_available()):
+    if want == "mps" and not here["mps"]:
         return "cpu", ["train_device mps: MPS is not available, training on the CPU"]
     return want, []
 
@@ -66,12 +73,10 @@ def load_base(config, device: str | None):
     Its quantization is ``training.base_quantization`` (reinf.memory.trainer_quantization):
     with ``auto``, a 4-bit base where the memory plan says an unquantized one will not fit
     beside the server on the GPU; the round's warnings then say so."""
-    from reinf.memory import trainer_quantization
-    from reinf.modeling import load_model
-
-    quantization, why = trainer_quantization(config)
+    quantization, why = memory.trainer_quantization(config)
     try:
-        loaded = load_model(config, device=device, for_training=True, quantization=quantization)
+        loaded = modeling.load_model(config, device=device, for_training=True,
+                                     quantization=quantization)
     except ModelError as exc:
         if exc.message.startswith("no model"):
             raise ModelError(f"model missing: {exc.message}", fix=exc.fix, key=exc.key) from exc
@@ -86,7 +91,7 @@ def prepare_for_training(loaded, gradient_checkpointing: bool):
     """QLoRA preparation for a 4/8-bit base, activation checkpointing when asked, no KV cache."""
     model = loaded.model
     if getattr(loaded, "quantization", "none") in ("4bit", "8bit"):
-        from peft import prepare_model_for_kbit_training
+        from peft import prepare_model_for_kbit_training  # peft: see the module docstring
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -110,8 +115,6 @@ def enable_checkpointing(model) -> None:
 
 def build_session(config, store) -> Session:
     """Load the base, then the active checkpoint (or a fresh adapter) and all PPO state."""
-    from peft import PeftModel
-
     device, warnings = resolve_train_device(config)
     loaded = load_base(config, device)
     warnings += list(getattr(loaded, "warnings", []) or [])
@@ -125,7 +128,7 @@ def build_session(config, store) -> Session:
     with quiet_peft():
         if active is not None:
             ckpt = checkpoints.load_checkpoint(Path(active.path))
-            peft_model = PeftModel.from_pretrained(model, str(ckpt.path), is_trainable=True)
+            peft_model = load_adapter(model, ckpt.path, active.id, trainable=True)
             value_head = _load_value_head(ckpt, hidden)
             state = _usable_state(ckpt)
             warnings += _damage_warnings(active.id, ckpt)
@@ -133,8 +136,7 @@ def build_session(config, store) -> Session:
         else:
             peft_model = fresh_adapter(model, config, seed=ppo.seed)
     value_head.to(loaded.device)
-    from reinf.modeling import cuda_facts  # native bf16 only: emulated bf16 is slow
-
+    # native bf16 only (cuda_facts): emulated bf16 is slow
     amp = torch.bfloat16 if (str(loaded.device).startswith("cuda")
                              and cuda_facts()[0]) else None
     policy = Policy(peft_model, value_head, amp_dtype=amp,
@@ -158,8 +160,6 @@ def build_session(config, store) -> Session:
     if state.get("reward_stats"):
         stats.load_state_dict(state["reward_stats"])
     counters = {k: int(state.get(k, 0)) for k in ("round", "global_step", "samples_seen")}
-    from reinf.modeling import get_context_limit
-
     # The longest row a round reads: the model's own limit, or less (training.max_train_tokens
     # bounds the round's memory, reinf.memory).
     limit = min(get_context_limit(loaded.model, loaded.tokenizer),
@@ -228,7 +228,7 @@ def _damage_warnings(checkpoint_id: str, ckpt) -> list[str]:
 def fresh_adapter(model, config, *, seed: int):
     """``model`` with a new LoRA adapter as ``lora.*`` says, its A matrices drawn from
     ``seed`` (LoRA initialises them from the global RNG, which is left as it was)."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # peft: see the module docstring
 
     targets = lora_targets(model, config.lora.target_modules)
     lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,

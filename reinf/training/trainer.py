@@ -3,15 +3,18 @@
 ``train_round(config, store, ...)`` is the unit the scheduler, the CLI and the benchmark
 call. It runs RLHF's two stages incrementally (docs/training.md):
 
-1. it refuses when no rating arrived since the last finished round ("nothing new to train
-   on"), unless ``force``; it records a ``training_runs`` row, reads the newest
+1. it refuses when no rating or pick arrived since the last finished round ("nothing new
+   to train on"), unless ``force``; it records a ``training_runs`` row, reads the newest
    ``replay_buffer_size`` rated turns and maps them to rewards and weights
    (``reinf.rewards``; a broken hook fails the run);
 2. loads the base model on the training device and continues from the ACTIVE checkpoint
-   (``reinf.training.session``); fits the **rating model** on every rating that is not
-   forgotten (``reinf.training.rating_model``); its cross-validated Spearman decides the
-   mode: ``rollouts`` once it is trustworthy, else ``rated`` (the cold start, and
-   ``training.method: rated``): PPO on the rated replies alone, as the first version did;
+   (``reinf.training.session``), or from its parent when the person's blind picks put it
+   behind that (the picks rule, ``reinf.leaderboard.choose_start``); fits the **rating
+   model** on every rating that is not forgotten, and the person's picks
+   (``reinf.training.rating_model``, ``reinf.training.pairs``); its cross-validated
+   Spearman decides the mode: ``rollouts`` once it is trustworthy, else ``rated`` (the cold
+   start, and ``training.method: rated``): PPO on the rated replies alone, as the first
+   version did;
 3. in rollout mode, samples fresh replies from the current adapter for a few prompts
    (``reinf.training.rollouts``), scores them with the rating model and the person's
    reward mapper, and keeps the person's rated replies to the same prompts, with their
@@ -23,6 +26,9 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    ``training.max_perplexity_increase`` over the base, is ``rejected``: its row is
    recorded, no files are kept, and it is never activated; after a KL rejection the next
    round from the same parent starts with at least twice the rejected round's kl_coef;
+   before it, the new adapter and the base answer the person's newest prompts and the
+   rating model judges them (``vs_base``: what changed, at a glance, with the person's
+   own picks against the base);
 6. writes the checkpoint atomically (adapter, rating model, state, and the value head when
    the round trained it: GAE), records and activates it, applies retention, and finishes
    the run with its metrics. If a turn it trained on (or the context of one) was forgotten
@@ -41,7 +47,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -49,6 +55,7 @@ from typing import Any, Callable
 from reinf.training import checkpoints
 from reinf.errors import HookError, ReinfError, TrainingError
 from reinf.training.outcome import NothingToTrain, RoundOutcome
+from reinf.training.pairs import PairRows, pairs_waiting
 
 log = logging.getLogger("reinf.training.trainer")
 STATE_VERSION = 1
@@ -77,10 +84,10 @@ def train_round(config, store, *, trigger: str = "manual", progress: Callable | 
     started = time.perf_counter()
     root = checkpoints.root_dir(config)
     checkpoints.clean_stray(root)
-    if not force and store.ratings_waiting() == 0:
-        raise NothingToTrain("nothing new to train on: no ratings since the last round",
-                             fix="rate some replies first (`reinf rate last 5`), or pass "
-                                 "--force to train on the stored ratings again")
+    if not force and store.ratings_waiting() == 0 and not pairs_waiting(store):
+        raise NothingToTrain("nothing new to train on: no ratings or picks since the last "
+                             "round", fix="rate some replies first (`reinf rate last 5`), or "
+                                          "pass --force to train on the stored ratings again")
     run = store.start_run(trigger, pid=os.getpid())
     try:
         return _run(config, store, run.id, root, progress, now, started)
@@ -110,6 +117,7 @@ def train_round(config, store, *, trigger: str = "manual", progress: Callable | 
 def _run(config, store, run_id: int, root: Path, progress, now, started) -> RoundResult:
     # torch and transformers load only once there is work: a round with nothing to do
     # (the daemon's child, every few minutes) stays cheap.
+    from reinf.leaderboard import choose_start, picks_vs_base
     from reinf.rewards import compute_rewards
     from reinf.training.ppo import Hyper, build_rollout, train_policy
     from reinf.training.session import build_session, select_episodes
@@ -131,7 +139,10 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     kept = [(s, by_turn[s.turn_id]) for s in samples
             if s.turn_id in by_turn and by_turn[s.turn_id].kept]
     report({"stage": "load"})
-    session = build_session(config, store)
+    # The picks rule: a round does not build on a checkpoint the person's blind picks put
+    # behind its parent; it continues from that parent (reinf.leaderboard.choose_start).
+    start, passed_over = choose_start(store)
+    session = build_session(config, store if not passed_over else StartFrom(store, start))
     episodes, skipped = select_episodes(session, kept)
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
@@ -139,11 +150,17 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                             fix="rate replies the current model produced (`reinf chat`)")
     counters = session.counters
     # 2. The rating model, fitted on every rating; it decides the round's mode.
-    plan = plan_round(config, rated, session, report)
+    plan = plan_round(config, store, rated, session, report, read_at=read_at)
     hp = Hyper.from_config(config.ppo)
     groups = None
     round_metrics: dict[str, Any] = {"mode": plan.mode, "mode_reason": plan.reason,
                                      **plan.metrics}
+    if passed_over:
+        round_metrics["passed_over"] = passed_over
+        session.warnings.append(
+            f"your blind picks put {passed_over[0]['checkpoint_id']} behind its parent "
+            f"(lost {passed_over[0]['losses']} of {passed_over[0]['pairs']}): this round "
+            f"continues from {start or 'the base model'}")
     if plan.mode == "rollouts":
         # 3. Fresh replies from the current adapter, scored by the rating model and the
         #    person's reward mapper; the rated replies to the same prompts join them.
@@ -177,6 +194,12 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # 5. The promotion gate: NaN, KL to the base, fluency on well-rated replies.
     report({"stage": "gate"})
     metrics.update(measure_fluency(session, samples, hp.batch_size))
+    # What changed, at a glance: the new adapter against the base on the person's prompts.
+    report({"stage": "vs_base"})
+    metrics["vs_base"] = {
+        "by_rating_model": measure_vs_base(config, session, plan.rating_model, rated,
+                                           seed=config.ppo.seed + counters["round"]),
+        "by_your_picks": picks_vs_base(store, session.parent_id)}
     reason = gate(metrics, config.ppo.kl_max, config.training.max_perplexity_increase)
     ckpt_id = checkpoints.create_checkpoint_id(counters["round"])
     metrics["seconds"] = time.perf_counter() - started
@@ -214,6 +237,11 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     trained_on = {s.turn_id for s in samples}
     if plan.rating_model is not None:
         trained_on |= {s.turn_id for s in rated[:config.training.rating_model_max]}
+        trained_on |= plan.pairs.turn_ids
+    gone = plan.pairs.pair_ids - {p.id for p in store.list_pairs(limit=None)}
+    if gone:  # a pick on a typed prompt holds no turn: the store cannot check it
+        return reject_forgotten(config, store, run_id, ckpt_id, path, session.parent_id,
+                                metrics, len(b), len(gone))
     record = promote(config, store, run_id, ckpt_id, path, parent_id=session.parent_id,
                      metrics=metrics, samples=len(b), turn_ids=trained_on, read_at=read_at)
     if record is not None and record.status == "rejected":
@@ -247,13 +275,18 @@ class RoundPlan:
     reason: str                     # why, in words, for `reinf status`
     rating_model: Any               # RatingModel | None
     metrics: dict[str, Any]
+    pairs: PairRows = field(default_factory=PairRows)  # the picks the rating model read
 
 
-def plan_round(config, rated, session, report) -> RoundPlan:
+def plan_round(config, store, rated, session, report, *, read_at=None) -> RoundPlan:
     """Fit the rating model on the ``rated`` samples (every rating that is not forgotten,
-    newest first) and decide the mode: fresh rollouts once it is trustworthy, else the
-    rated replies alone (the cold start)."""
-    from reinf.training.rating_model import fit_rating_model, reply_features, spearman_ceiling
+    newest first) and the person's picks (reinf.training.pairs), and decide the mode: fresh
+    rollouts once it is trustworthy, else the rated replies alone (the cold start)."""
+    from reinf.training.pairs import collect_pairs
+    from reinf.training.rating_model import (PairSet, cross_validated_pair_accuracy,
+                                             fit_rating_model, reply_features,
+                                             spearman_ceiling)
+    from reinf.training.session import unreadable
 
     t = config.training
     if t.method == "rated":
@@ -265,25 +298,43 @@ def plan_round(config, rated, session, report) -> RoundPlan:
     if len(rated) < t.min_ratings:
         return RoundPlan("rated", f"cold start: {len(rated)} of the {t.min_ratings} ratings the "
                          "rating model needs (training.min_ratings)", None, metrics)
-    features = reply_features(session.policy.model, [(s.prompt_ids, s.reply_ids) for s in rated],
+    # The person's picks join the ratings: their sides are rated rows, or rows of their own.
+    picked = collect_pairs(store, rated, limit=t.rating_model_max, until=read_at,
+                           unreadable=lambda p, r: unreadable(session, p, r)) \
+        if t.pair_weight > 0 else PairRows()
+    features = reply_features(session.policy.model,
+                              [(s.prompt_ids, s.reply_ids) for s in rated] + picked.sides,
                               batch_size=config.ppo.batch_size * 2)
     scores = [s.score for s in rated]
-    model = fit_rating_model(features, scores, heads=t.rating_heads,
-                             seed=config.ppo.seed + session.counters["round"])
+    seed = config.ppo.seed + session.counters["round"]
+    pairs = PairSet.of(picked.rows) if picked.rows else None
+    model = fit_rating_model(features, scores, heads=t.rating_heads, seed=seed, pairs=pairs,
+                             pair_weight=t.pair_weight)
+    accuracy, alone, held = cross_validated_pair_accuracy(
+        features, scores, pairs, pair_weight=t.pair_weight, seed=seed) if pairs else \
+        (None, None, 0)
     metrics.update(rating_model_consistency=model.consistency,
                    rating_model_consistency_ceiling=spearman_ceiling(scores),
                    rating_model_strength=model.strength,
+                   rating_model_pairs=len(picked.rows),
+                   rating_model_pair_accuracy=accuracy,
+                   rating_model_pair_accuracy_ratings_only=alone,
+                   rating_model_pairs_held_out=held,
+                   rating_model_pair_scale=model.pair_scale,
                    rating_model_seconds=time.perf_counter() - started)
+    if picked.skipped:
+        metrics["rating_model_pairs_skipped"] = picked.skipped
     if model.consistency is None:
         return RoundPlan("rated", "cold start: the ratings so far are all the same, so the "
-                         "rating model cannot be checked", model, metrics)
+                         "rating model cannot be checked", model, metrics, picked)
     if model.consistency < t.min_consistency:
         return RoundPlan("rated", f"cold start: the rating model's cross-validated Spearman "
                          f"{model.consistency:.2f} is below training.min_consistency "
-                         f"{t.min_consistency}", model, metrics)
+                         f"{t.min_consistency}", model, metrics, picked)
     return RoundPlan("rollouts", f"the rating model predicts held-out ratings with Spearman "
-                     f"{model.consistency:.2f} (>= {t.min_consistency}, {len(rated)} ratings)",
-                     model, metrics)
+                     f"{model.consistency:.2f} (>= {t.min_consistency}, {len(rated)} ratings"
+                     + (f", {len(picked.rows)} picks" if picked.rows else "") + ")",
+                     model, metrics, picked)
 
 
 def usable(session, sample) -> bool:
@@ -377,6 +428,78 @@ def measure_fluency(session, samples, batch_size: int, limit: int = 32) -> dict[
     ppl_base = math.exp(-float((base * b.mask).sum()) / tokens)
     return {"fluency_perplexity": ppl_new, "fluency_perplexity_base": ppl_base,
             "fluency_change": ppl_new / ppl_base - 1, "fluency_replies": len(good)}
+
+
+def measure_vs_base(config, session, rating_model, rated, *, seed: int) -> dict[str, Any] | None:
+    """The new adapter against the bare base on the person's own prompts, judged by the
+    round's rating model: one reply each to the newest ``training.winrate_prompts`` distinct
+    rated prompts, from the policy with and without its adapter, one sampling seed for both
+    (so they differ by the adapter, as in compare); the mean of the heads scores each.
+    None without a rating model or prompts (a cold start on a few ratings)."""
+    from reinf.leaderboard import Record
+    from reinf.training.rating_model import reply_features
+    from reinf.training.rollouts import choose_prompts, sample_rollouts
+
+    t, g = config.training, config.generation
+    if rating_model is None or t.winrate_prompts == 0:
+        return None
+    started = time.perf_counter()
+    max_new = t.rollout_max_new_tokens or g.max_new_tokens
+    fits = [s for s in rated if usable(session, s)
+            and len(s.prompt_ids) + max_new <= session.context_limit]
+    prompts = choose_prompts(fits, t.winrate_prompts, newest=t.winrate_prompts, seed=seed)
+    if not prompts:
+        return None
+    model = session.policy.model
+    kwargs = dict(temperature=g.temperature, top_p=g.top_p, max_new_tokens=max_new, seed=seed,
+                  batch_size=t.rollout_batch_size)
+    new = sample_rollouts(model, session.loaded.tokenizer, prompts, 1, **kwargs)
+    with model.disable_adapter():
+        base = sample_rollouts(model, session.loaded.tokenizer, prompts, 1, **kwargs)
+    features = reply_features(model, [(r.prompt_ids, r.reply_ids) for r in new + base],
+                              batch_size=config.ppo.batch_size * 2)
+    scores = rating_model.predict(features)[0].tolist()
+    record = Record()
+    for mine, theirs in zip(scores[:len(new)], scores[len(new):]):
+        record.add(1.0 if mine > theirs else 0.0 if mine < theirs else 0.5)
+    return {**record.to_dict(), "prompts": len(prompts),
+            "score_mean": sum(scores[:len(new)]) / len(new),
+            "base_score_mean": sum(scores[len(new):]) / len(new),
+            "seconds": time.perf_counter() - started}
+
+
+def reject_forgotten(config, store, run_id: int, ckpt_id: str, path: Path,
+                     parent_id: str | None, metrics: dict[str, Any], samples: int,
+                     gone: int) -> RoundResult:
+    """A round whose rating model read picks that were forgotten while it ran: its files go,
+    its checkpoint is recorded rejected and the run finishes rejected, as the store does for
+    forgotten turns (Store.promote)."""
+    reason = (f"{gone} of the picks this round learnt from {'was' if gone == 1 else 'were'} "
+              "forgotten while it ran; nothing was promoted")
+    checkpoints.remove_files(checkpoints.root_dir(config), Path(path))
+    metrics["rejected_reason"] = reason
+    clean = checkpoints.jsonable(metrics)
+    store.add_checkpoint(ckpt_id, str(path), parent_id=parent_id, run_id=run_id,
+                         metrics=clean, status="rejected")
+    store.finish_run(run_id, "rejected", metrics=clean, samples=samples, error=reason,
+                     checkpoint_id=ckpt_id)
+    return RoundResult(run_id, "rejected", metrics, ckpt_id,
+                       f"round rejected: {reason}; {parent_id or 'the base model'} stays active")
+
+
+class StartFrom:
+    """The store as ``build_session`` reads it, with ``active_checkpoint()`` naming the
+    checkpoint the round continues from (the picks rule, reinf.leaderboard.choose_start)
+    instead of the active one; everything else is the store's."""
+
+    def __init__(self, store, checkpoint_id: str | None):
+        self._store, self._start = store, checkpoint_id
+
+    def active_checkpoint(self):
+        return self._store.get_checkpoint(self._start) if self._start else None
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
 
 
 def promote(config, store, run_id: int, ckpt_id: str, path: Path, *, parent_id: str | None,
@@ -499,7 +622,8 @@ class ProgressBar:
               "load": "loading the model…",
               "rating_model": "fitting the rating model on your ratings…",
               "rollouts": "sampling fresh replies for the rating model to score…",
-              "gate": "checking KL and fluency…"}
+              "gate": "checking KL and fluency…",
+              "vs_base": "comparing the new adapter with the base on your prompts…"}
     BARS = {"rollouts": ("rollouts", "reply"), "update": ("PPO", "minibatch")}
 
     def __init__(self, enabled: bool = True):

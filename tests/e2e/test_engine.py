@@ -10,7 +10,7 @@ import pytest
 import torch
 from enginekit import hold_after_first_token
 
-from reinf.config import PROJECT_ROOT
+from reinf.location import PROJECT_ROOT
 from reinf.engine import Engine
 from reinf.errors import BadInput, ModelError
 from reinf.modeling import load_model, render_chat

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 def demo_model():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reinf.config import PROJECT_ROOT
+    from reinf.location import PROJECT_ROOT
 
     path = PROJECT_ROOT / "models" / "reinf-demo"
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
@@ -182,7 +182,7 @@ def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
     assert (tk.lora_vector(active.path).abs() > 0).any()  # LoRA B starts at zero: it moved
     from reinf.training.checkpoints import load_rating_model
     assert load_rating_model(active.path) is not None
-    from reinf.config import PROJECT_ROOT
+    from reinf.location import PROJECT_ROOT
     tuned = tk.load_policy(PROJECT_ROOT / "models" / "reinf-demo", active.path)
     after = style_margin(tuned, tokenizer, pairs)
     assert after > before + 0.05, (before, after)  # terse replies: relatively more likely

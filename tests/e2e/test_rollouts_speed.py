@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reinf.config import PROJECT_ROOT
+from reinf.location import PROJECT_ROOT
 
 DEMO = PROJECT_ROOT / "models" / "reinf-demo"
 pytestmark = [pytest.mark.e2e,

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from reinf.config import (PROJECT_ROOT, Config, load_config, render_yaml, resolve_model_path,
-                          settings)
+from reinf.config import Config, load_config, render_yaml, settings
 from reinf.errors import ConfigError
+from reinf.location import PROJECT_ROOT, resolve_model_path
 
 
 def write(path, text):

@@ -7,8 +7,9 @@ import struct
 
 import pytest
 
-from reinf.memory import (FITS, GIB, TIGHT, UNKNOWN, WONT, load_shape, physical_memory,
-                          plan_memory, trainer_quantization)
+from reinf.memory import (FITS, GIB, TIGHT, UNKNOWN, WONT, physical_memory, plan_memory,
+                          trainer_quantization)
+from reinf.shape import load_shape
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied, context, type)
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, True, 32768, "qwen2"),
@@ -135,7 +136,7 @@ def test_the_trainer_asks_the_plan_only_under_auto(config, tmp_path, monkeypatch
     monkeypatch.setattr(reinf.memory, "device_memory", lambda device: (32 * GIB, None))
     monkeypatch.setattr(reinf.memory, "_cuda_bf16", lambda: True)
     monkeypatch.setattr(reinf.memory, "_has_bitsandbytes", lambda: True)
-    monkeypatch.setattr("reinf.status.planned_device", lambda setting: "cuda")
+    monkeypatch.setattr(reinf.memory, "planned_device", lambda setting: "cuda")
     auto = config.replace(model_path=model, **AUTO)
     quant, why = trainer_quantization(auto)
     assert quant == "4bit" and why.startswith("training.base_quantization auto: ")

@@ -8,7 +8,8 @@ import click
 import pytest
 
 from reinf.cli import main
-from reinf.config import PROJECT_ROOT, settings
+from reinf.config import settings
+from reinf.location import PROJECT_ROOT
 
 README = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
 CONFIG_YAML = (PROJECT_ROOT / "config.yaml").read_text(encoding="utf-8")

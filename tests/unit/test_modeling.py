@@ -420,7 +420,8 @@ def test_a_template_that_refuses_the_system_role_gets_it_folded_into_the_first_m
 
 
 def test_system_prompt_is_a_setting_documented_in_the_readme():
-    from reinf.config import PROJECT_ROOT, load_config, settings
+    from reinf.config import load_config, settings
+    from reinf.location import PROJECT_ROOT
 
     [info] = [s for s in settings() if s.public == "system_prompt"]
     assert info.section == "generation" and info.default is None and info.help

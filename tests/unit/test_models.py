@@ -11,7 +11,7 @@ from reinf.errors import ModelError
 
 
 def test_a_named_model_resolves_under_the_data_directory(config):
-    from reinf.config import resolve_model_path
+    from reinf.location import resolve_model_path
 
     cfg = config.replace(model_path="smollm2-135m")
     assert resolve_model_path(cfg) == str(config.data_dir / "models" / "smollm2-135m")

@@ -1,4 +1,4 @@
-"""The raters over real text (reinf.bench.raters): each on hand-written replies, the
+"""The raters over real text (reinf.bench.text_raters): each on hand-written replies, the
 arithmetic and context-dependent ones on their prompts, the noisy one's slips, and which
 raters are unseen (no model load)."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import random
 import pytest
 
 from reinf.bench.prompts import load_builtin
-from reinf.bench.raters import (NAMES, SLIP, TEXT_RATERS, TUNED_ON, classify_prompt,
-                                load_rater, parse_arithmetic, rate_length_graded,
-                                stated_number)
-from reinf.config import PROJECT_ROOT
+from reinf.bench.raters import NAMES, SLIP, TUNED_ON, load_rater
+from reinf.bench.text_raters import (TEXT_RATERS, classify_prompt, parse_arithmetic,
+                                     rate_length_graded, stated_number)
+from reinf.location import PROJECT_ROOT
 
 NEW = tuple(TEXT_RATERS) + ("noisy-graded",)
 
