@@ -76,7 +76,8 @@ def _threads(threads: int | None, config) -> int:
               help="torch CPU threads [default: train_threads, else torch's own].")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench-learn.png",
               show_default=True, help="Where the plot goes (.svg without matplotlib).")
-@click.option("--pairs-every", type=click.IntRange(0), default=0, show_default=True,
+@click.option("--pairs-every", type=click.IntRange(0), default=PLAN["pairs_every"],
+              show_default=True,
               help="Every Nth interaction the simulated person gives a pair instead of a "
                    "rating: another reply to the same message (regenerate), the better one "
                    "picked, a tie when rated the same. --ratings and the x axis then count "

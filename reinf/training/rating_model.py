@@ -181,7 +181,8 @@ def pair_scale(loo_error: float, pair_weight: float) -> float:
     """The weight of a pick's log-loss beside squared rating errors. The ridge objective is
     2 sigma^2 x the ratings' Gaussian negative log-likelihood (sigma^2: their noise, which
     the leave-one-out error estimates), so 2 sigma^2 x the picks' log-loss makes the sum the
-    joint likelihood; ``pair_weight`` (training.pair_weight) scales that."""
+    joint likelihood; ``pair_weight`` (training.pair_weight) scales that. The error counts
+    as at least 0.05, so ratings a head fits (nearly) perfectly leave the picks a say."""
     return pair_weight * 2 * max(loo_error, 0.05)
 
 
