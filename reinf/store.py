@@ -661,9 +661,13 @@ class Store:
                 Turn.id != turn.id).order_by(Turn.id)).all()
             later = 0
             if turn.picked:  # later prompts held its reply; an alternative's they never did
-                later = s.execute(update(Turn).where(
-                    Turn.conversation_id == turn.conversation_id, Turn.index > turn.index)
-                    .values(context_forgotten=True, prompt_ids=None)).rowcount
+                later_turns = (Turn.conversation_id == turn.conversation_id) \
+                    & (Turn.index > turn.index)
+                later = s.execute(update(Turn).where(later_turns)
+                                  .values(context_forgotten=True, prompt_ids=None)).rowcount
+                # a compare pair on a later turn kept that turn's prompt ids too
+                s.execute(update(Pair).where(Pair.prompt_turn_id.in_(
+                    select(Turn.id).where(later_turns))).values(prompt_ids=None))
             ratings = 1 if turn.rating else 0
             texts = _rating_texts([turn.rating] if turn.rating else [])
             self._scrub_records(s, texts)

@@ -277,6 +277,17 @@ def test_forget_turn_removes_the_pairs_that_hold_it(store):
     assert [p.prompt for p in store.list_pairs()] == ["unrelated"]
 
 
+def test_forgetting_an_earlier_turn_scrubs_the_prompt_ids_of_a_later_turns_compare(store):
+    """A later turn's prompt held the forgotten reply; forget empties that turn's prompt ids
+    (context_forgotten), and a compare pair on it kept a copy of them: emptied too."""
+    first, later = talk(store, "my secret", "go on")
+    compare_pair(store, "go on", prompt_turn_id=later.id)
+    store.forget_turn(first.id)
+    pair, = store.list_pairs()
+    assert not pair.prompt_ids
+    assert store.get_turn(later.id).context_forgotten
+
+
 def test_forget_conversation_and_all_remove_their_pairs(store):
     q, = talk(store, "secret question")
     again(store, q, "again")
