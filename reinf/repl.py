@@ -135,6 +135,9 @@ def parse_rating(line: str) -> tuple[int, list[str]]:
     return check_score(int(score_text)), check_tags(tags_text)
 
 
+PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"  # a terminal's bracketed paste
+
+
 class Repl:
     QUIT = object()
 
@@ -166,6 +169,7 @@ class Repl:
             line = self.prompt(USER_PROMPT)
             if line is None:
                 return 0
+            line = self.unbracket(line)
             if line.rstrip().endswith("\\") and not line.lstrip().startswith("/"):
                 line = self.continued(line)  # a trailing backslash: the message goes on
             elif line.strip().lower() == "/paste":
@@ -201,6 +205,20 @@ class Repl:
                     return None
                 interrupted = True
                 self.say("\n" + LEAVE_HINT)
+
+    def unbracket(self, line: str) -> str:
+        """A paste the terminal marked (ESC[200~ ... ESC[201~, asked for by `reinf chat`):
+        its lines, read one by one, are one message, sent with the Enter after it."""
+        if PASTE_START not in line:
+            return line
+        parts = [line.replace(PASTE_START, "")]
+        while PASTE_END not in parts[-1]:
+            try:
+                parts.append(self.read(""))
+            except (EOFError, KeyboardInterrupt):
+                break
+        parts[-1] = parts[-1].replace(PASTE_END, "")
+        return "\n".join(parts)
 
     def continued(self, first: str) -> str | None:
         """A message whose lines end with a backslash, joined with line breaks."""

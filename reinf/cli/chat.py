@@ -8,6 +8,8 @@ import click
 from reinf.cli.common import dump_json, json_option, strip_escapes
 from reinf.errors import NotAvailable
 
+PASTE_ON, PASTE_OFF = "\x1b[?2004h", "\x1b[?2004l"  # bracketed paste mode on / off
+
 
 @click.command()
 @click.option("--once", "once", metavar="TEXT", help="Send one message, print the reply, exit.")
@@ -35,24 +37,22 @@ def chat(app, once, conversation_id, url, temperature, max_new_tokens, system_pr
         sys.exit(send_once(backend, once, conversation_id, as_json, system_prompt=system_prompt))
     from reinf.repl import Repl
 
-    line_editing()
+    bracketed_paste()
     sys.exit(Repl(backend, conversation_id=conversation_id, system_prompt=system_prompt).run())
 
 
-def line_editing() -> None:
-    """At a terminal, the prompts get GNU readline: line editing, history and bracketed
-    paste, so a paste of several lines is one message (sent with Enter), not one message
-    per line. Readline 8.1 turns bracketed paste on by default; older ones are asked to.
-    Without readline (Windows) or with libedit (macOS), /paste and a trailing backslash
-    still take several lines."""
-    if not sys.stdin.isatty():
+def bracketed_paste() -> None:
+    """At a terminal, ask it to mark pastes (ESC[200~ ... ESC[201~), so that a paste of
+    several lines is one message (reinf.repl.Repl.unbracket), not one message per line;
+    and to stop marking them when chat ends. A terminal that does not know the request
+    ignores it; /paste and a trailing backslash still take several lines."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
         return
-    try:
-        import readline
-    except ImportError:
-        return
-    if "libedit" not in (readline.__doc__ or ""):
-        readline.parse_and_bind("set enable-bracketed-paste on")
+    import atexit
+
+    sys.stdout.write(PASTE_ON)
+    sys.stdout.flush()
+    atexit.register(lambda: (sys.stdout.write(PASTE_OFF), sys.stdout.flush()))
 
 
 def build_backend(app, url: str | None, *, quiet: bool = False,
