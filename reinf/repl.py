@@ -319,9 +319,11 @@ class Repl:
         self.say("[stopped before any text appeared; nothing kept]")
         return None
 
-    def ask_rating(self, turn: dict):
+    def ask(self, prompt: str, answer: Callable[[str], bool]):
+        """Read lines at ``prompt`` until ``answer(line)`` takes one (returns True). Enter
+        goes on (None), a /command runs instead, Ctrl-D (or a second Ctrl-C) leaves."""
         while True:
-            line = self.prompt(RATE_PROMPT)
+            line = self.prompt(prompt)
             if line is None:
                 return self.QUIT
             line = line.strip()
@@ -329,13 +331,20 @@ class Repl:
                 return None
             if line.startswith("/"):
                 return self.command(line)
+            if answer(line):
+                return None
+
+    def ask_rating(self, turn: dict):
+        def answer(line: str) -> bool:
             try:
                 score, tags = parse_rating(line)
             except BadInput as exc:
                 self.say(f"{exc.message} — type a score 1-5, optionally followed by tags "
                          "(e.g. `4 too long,wrong`), or press Enter to skip")
-                continue
-            return self.rate(turn["turn_id"], score, tags)
+                return False
+            self.rate(turn["turn_id"], score, tags)
+            return True
+        return self.ask(RATE_PROMPT, answer)
 
     def rate(self, turn_id: int, score: int, tags: list[str]) -> None:
         try:
@@ -399,19 +408,13 @@ class Repl:
         n = len(self.slot)
         self.say(f"[reply {n} of {n}, turn {turn['turn_id']}; the conversation continues from "
                  "it unless you pick another]")
-        while True:
-            line = self.prompt(PICK_PROMPT.format(n=n))
-            if line is None:
-                return self.QUIT
-            line = line.strip()
-            if not line:
-                return None
-            if line.startswith("/"):
-                return self.command(line)
+        def answer(line: str) -> bool:
             if line.isdigit():
                 self.pick(int(line))
-                return None
+                return True
             self.say(f"type a reply's number, 1 to {n}, or press Enter to go on")
+            return False
+        return self.ask(PICK_PROMPT.format(n=n), answer)
 
     def pick(self, number: int) -> None:
         if not self.slot:
