@@ -1,1 +1,1 @@
-"""Alembic migrations of Reinf's database (applied by reinf.db.upgrade)."""
+"""Alembic migrations of Reinf's database (applied by reinf.storage.db.upgrade)."""

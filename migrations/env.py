@@ -1,6 +1,6 @@
 """Alembic environment: runs migrations on the engine Reinf hands over.
 
-reinf.db.upgrade passes its configured Engine in ``config.attributes["engine"]``
+reinf.storage.db.upgrade passes its configured Engine in ``config.attributes["engine"]``
 so migrations see the same SQLite pragmas as the application. Run standalone
 (``alembic -x url=...``) it builds an engine from the URL instead.
 """
@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from reinf.schema import Base
+from reinf.storage.schema import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -53,7 +53,7 @@ def _one_at_a_time(connection):
                                    {"key": MIGRATION_LOCK})
                 connection.commit()
     elif connection.dialect.name == "sqlite":
-        connection.execution_options(sqlite_begin="IMMEDIATE")  # see reinf.db
+        connection.execution_options(sqlite_begin="IMMEDIATE")  # see reinf.storage.db
         with connection.begin():
             yield
     else:

@@ -1,10 +1,10 @@
 """The HTTP client of a running ``reinf serve``: the REPL backend behind ``reinf chat``
 when a daemon answers, so the terminal and the browser share one model and one DB.
 
-``HttpBackend(url, config)`` implements ``reinf.repl.Backend`` over the JSON API
+``HttpBackend(url, config)`` implements ``reinf.cli.repl.Backend`` over the JSON API
 (docs/api.md): replies stream as Server-Sent Events from ``POST /api/chat``; Stop is
 ``POST /api/chat/<stream_id>/stop``, after which the server still sends the stored,
-interrupted turn. Every request goes through reinf.remote.send_request (standard library
+interrupted turn. Every request goes through reinf.daemon.remote.send_request (standard library
 only, never through a proxy: the daemon is local). Errors from the server arrive as
 ReinfError with its message, fix and status.
 """
@@ -15,8 +15,8 @@ import queue
 import threading
 from typing import Any, Iterator
 
+from reinf.daemon.remote import send_request
 from reinf.errors import ReinfError
-from reinf.remote import send_request
 
 REPLY_TIMEOUT_SECONDS = 600.0   # longest silence between two events of a streamed reply
 CALL_TIMEOUT_SECONDS = 30.0
@@ -24,7 +24,7 @@ GENERATION_FIELDS = ("temperature", "top_p", "max_new_tokens")  # what POST /api
 
 
 class HttpBackend:
-    """``reinf.repl.Backend`` over HTTP."""
+    """``reinf.cli.repl.Backend`` over HTTP."""
 
     def __init__(self, url: str, config=None, *, token: str | None = None,
                  generation: dict[str, Any] | None = None):
@@ -40,7 +40,7 @@ class HttpBackend:
 
     def request(self, method: str, path: str, body: dict | None = None, *,
                 timeout: float = CALL_TIMEOUT_SECONDS, stream: bool = False):
-        """``reinf.remote.send_request`` to this server: its JSON answer, or the open event
+        """``reinf.daemon.remote.send_request`` to this server: its JSON answer, or the open event
         stream; no answer at all is a ReinfError (503) that says so."""
         try:
             return send_request(self.url, path, body, method=method, token=self.token,
@@ -116,7 +116,7 @@ class HttpBackend:
 
 
 class HttpReply:
-    """A reply streaming from the server (``reinf.repl.ReplyHandle``).
+    """A reply streaming from the server (``reinf.cli.repl.ReplyHandle``).
 
     A thread reads the event stream into a queue, so Ctrl-C in the terminal interrupts
     only the waiting, never the reading: after ``stop()`` the server still sends the

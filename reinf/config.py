@@ -29,9 +29,9 @@ import yaml
 
 from reinf.errors import ConfigError
 # resolve_model_path is not used here: reinf/bench/learn.py still imports it from this
-# module (new code imports it from reinf.location).
-from reinf.location import DEMO_MODEL, resolve_model_path  # noqa: F401
-from reinf.models import model_preset
+# module (new code imports it from reinf.catalog).
+from reinf.catalog import DEMO_MODEL, resolve_model_path  # noqa: F401
+from reinf.catalog import model_preset
 
 ENV_PREFIX = "REINF_"
 # The only settings also read from an unprefixed variable (TRAIN_AFTER_RATINGS=3), as the

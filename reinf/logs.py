@@ -107,6 +107,6 @@ def setup_logging(config, *, debug: bool = False) -> Path:
     root.setLevel(min(file_level, term_level))
     # Third-party chatter (job bookkeeping, a migration check per status request) stays
     # out unless debugging.
-    for name in ("apscheduler", "reinf.scheduler.jobs", "waitress.queue", "alembic"):
+    for name in ("apscheduler", "reinf.daemon.scheduler.jobs", "waitress.queue", "alembic"):
         logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
     return path

@@ -92,7 +92,7 @@ class ConversationRecord:
 
 @dataclass(frozen=True)
 class PairRecord:
-    """A pairwise preference (reinf.schema.Pair). A side is a stored turn (``a_turn_id``) or
+    """A pairwise preference (reinf.storage.schema.Pair). A side is a stored turn (``a_turn_id``) or
     text only (``a_text``); ``a_text`` is filled from the turn when it is one."""
     id: int
     created_at: datetime

@@ -45,7 +45,7 @@ def config(home):
 
 @pytest.fixture
 def store(config):
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     s = Store.open(config)
     yield s

@@ -1,6 +1,6 @@
 """Test doubles and fixtures for the web tests.
 
-FakeChatService implements reinf.chat.ChatService's interface (stream / send / stream_again
+FakeChatService implements reinf.serving.chat.ChatService's interface (stream / send / stream_again
 / pick, ChatStream with .conversation_id up front, iteration over text deltas, .stop(),
 .wait(), .turn) and stores every turn through the real Store, so the web layer runs the same
 code path as with the real engine. Its reply echoes the message word by word ("echo:
@@ -8,8 +8,8 @@ code path as with the real engine. Its reply echoes the message word by word ("e
 reply to the same message (``stream_again``, stored as an alternative in its slot) is
 numbered by its place in the slot ("echo #2: <message>"), so alternatives differ.
 
-Training and rollback go through a real reinf.daemon.Daemon, as under ``reinf serve``;
-only its round runner is FakeRunner (reinf.worker.ChildRunner's interface, no child
+Training and rollback go through a real reinf.daemon.background.Daemon, as under ``reinf serve``;
+only its round runner is FakeRunner (reinf.daemon.worker.ChildRunner's interface, no child
 process), so "Train now", the schedule and rollbacks run the production code.
 """
 from __future__ import annotations
@@ -169,7 +169,7 @@ class FakeRunner:
     a failed round that wrote no rows unless a test gives another."""
 
     def __init__(self, outcome=None):
-        from reinf.worker import Outcome
+        from reinf.daemon.worker import Outcome
 
         self.outcome = outcome or Outcome("failed", "nothing to learn")
         self.gate = threading.Event()
@@ -200,7 +200,7 @@ def build_daemon(config, store):
     over the test's store with a FakeRunner, scheduling off (``reinf serve --no-train``:
     "Train now" still runs), shut down after the test. One per test: it holds the data
     directory's server lock, as under ``reinf serve``."""
-    from reinf.daemon import Daemon
+    from reinf.daemon.background import Daemon
 
     made = []
 

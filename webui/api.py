@@ -1,6 +1,6 @@
 """The JSON API of chat and ratings (docs/design.md §6): chat, rate, history, conversations,
 forget, alternatives (again, pick), compare, pairs and the leaderboard. Thin: parse, call
-the store, the chat service, reinf.compare or reinf.leaderboard, return JSON."""
+the store, the chat service, reinf.serving.compare or reinf.training.leaderboard, return JSON."""
 from __future__ import annotations
 
 from importlib import metadata
@@ -8,8 +8,8 @@ from importlib import metadata
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from reinf.errors import BadInput, NotAvailable, NotFound
-from webui.params import (generation_args, get_id, get_text, query_bool, query_datetime,
-                          query_int, query_text, read_json)
+from webui.params import (generation_args, get_id, get_text, query_bool, query_datetime, query_int,
+                          query_text, read_json)
 from webui.reports import history_rows
 from webui.runtime import get_runtime
 from webui.streaming import SSE_HEADERS, Relay, sse
@@ -269,15 +269,15 @@ def pick(turn_ref: str):
 # --- compare: base, active and another checkpoint, blind --------------------------------
 
 def comparisons():
-    """This app's comparisons waiting for a pick (reinf.compare.Comparisons)."""
-    from reinf.compare import Comparisons
+    """This app's comparisons waiting for a pick (reinf.serving.compare.Comparisons)."""
+    from reinf.serving.compare import Comparisons
 
     return current_app.extensions.setdefault("reinf.comparisons", Comparisons())
 
 
 @bp.post("/compare")
 def compare():
-    from reinf.compare import build_comparison
+    from reinf.serving.compare import build_comparison
 
     runtime = get_runtime()
     body = read_json(COMPARE_FIELDS)
@@ -355,8 +355,8 @@ def pairs():
 
 @bp.get("/leaderboard")
 def leaderboard():
-    """A Bradley-Terry score per checkpoint from the person's picks (reinf.leaderboard);
+    """A Bradley-Terry score per checkpoint from the person's picks (reinf.training.leaderboard);
     ``blind``: only blind (true) or only seen (false) picks."""
-    from reinf.leaderboard import build_leaderboard
+    from reinf.training.leaderboard import build_leaderboard
 
     return jsonify(build_leaderboard(get_runtime().store, blind=query_bool("blind")))

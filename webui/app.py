@@ -2,7 +2,7 @@
 
 ``create_app(config, daemon=..., store=..., chat=..., engine=...)`` builds the Flask app
 around objects it is given, so tests inject a real Store, a fake chat service and a real
-``reinf.daemon.Daemon`` with a fake round runner, and ``reinf serve`` injects the real
+``reinf.daemon.background.Daemon`` with a fake round runner, and ``reinf serve`` injects the real
 engine and its daemon. Training and rollback always go to the daemon. Blueprints stay
 thin: they read the request, call these objects, and return JSON.
 """
@@ -79,12 +79,12 @@ def _name_the_size_limit(app: Flask) -> None:
 
 
 def create_app(config: Config, *, daemon, store=None, chat=None, engine=None) -> Flask:
-    """The web UI and API around ``daemon`` (a reinf.daemon.Daemon: "Train now", rollback
+    """The web UI and API around ``daemon`` (a reinf.daemon.background.Daemon: "Train now", rollback
     and the schedule go to it), ``store`` (opened from config if None) and ``chat`` (a
     ChatService; without one, chat routes answer 501)."""
     owns_store = store is None
     if store is None:
-        from reinf.store import Store
+        from reinf.storage.store import Store
         store = Store.open(config)
     app = Flask("webui", template_folder=str(HERE / "templates"),
                 static_folder=str(HERE / "static"))

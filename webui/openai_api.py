@@ -20,7 +20,7 @@ Fields OpenAI defines but Reinf does not use (stop, seed, penalties, ...) are
 ignored; tools and non-text content are refused with 400.
 
 ``n`` (1 to MAX_CHOICES): the choices are sampled one after another from the same prompt.
-The first is a new turn; the others are stored as its alternatives (reinf.schema.Turn: the
+The first is a new turn; the others are stored as its alternatives (reinf.storage.schema.Turn: the
 same slot, not picked), so each choice is a turn of its own with its own id, rated as any
 turn: ``chatcmpl-<choices[i].turn_id>`` (each choice carries ``turn_id`` and ``id``). A
 client that continues the conversation from another choice (re-sending it as the
@@ -42,7 +42,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from reinf.errors import BadInput, NotFound, ReinfError
-from reinf.store import COMPLETION_PREFIX, STREAM_PREFIX, check_system_prompt
+from reinf.storage.store import COMPLETION_PREFIX, STREAM_PREFIX, check_system_prompt
 from webui.params import get_id, get_number, read_json
 from webui.runtime import get_runtime
 from webui.streaming import SSE_HEADERS, Relay, new_stream_id

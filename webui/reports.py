@@ -1,7 +1,7 @@
 """Read-only views the pages need: turns with the reward the current mapper gives them,
 and ratings grouped by the checkpoint that produced each reply.
 
-A custom reward hook runs in a child process (reinf.hooks), so the rewards it gives are
+A custom reward hook runs in a child process (reinf.rewards.hooks), so the rewards it gives are
 cached per rated turn: the history page runs the hook only for turns it has not mapped
 yet. An entry is keyed by the mapper's version (a hash of the hook file's bytes and the
 rewards settings, and the database) and the rating (turn id, updated_at); editing the hook,
@@ -19,7 +19,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from reinf.errors import ReinfError
 from reinf.records import Sample, TurnRecord
-from reinf.rewards import compute_rewards, mapper_fingerprint
+from reinf.rewards.mapper import compute_rewards, mapper_fingerprint
 
 log = logging.getLogger("reinf.webui")
 
@@ -88,7 +88,7 @@ def _field(row: Any, name: str) -> Any:
 
 def mapper_version(config) -> tuple | None:
     """What the mapped rewards depend on besides the rating: the database and the mapper's
-    version (``reinf.rewards.mapper_fingerprint``: the hook file's bytes and the rewards
+    version (``reinf.rewards.mapper.mapper_fingerprint``: the hook file's bytes and the rewards
     settings). None when the hook cannot be read (compute_rewards then reports why,
     quickly and without a child process)."""
     fingerprint = mapper_fingerprint(config)

@@ -14,9 +14,9 @@ from typing import Any
 
 from flask import current_app
 
+from reinf.catalog import model_display_name
 from reinf.config import Config
 from reinf.errors import NotAvailable
-from reinf.location import model_display_name
 from webui.security import Guard
 from webui.streaming import Streams
 
@@ -26,7 +26,7 @@ log = logging.getLogger("reinf.webui")
 @dataclass
 class Runtime:
     """The objects one app serves: the store, the chat service, the engine, and the daemon
-    (reinf.daemon.Daemon), which owns every training round and every rollback."""
+    (reinf.daemon.background.Daemon), which owns every training round and every rollback."""
     config: Config
     store: Any
     chat: Any
@@ -48,8 +48,9 @@ class Runtime:
 
     @functools.cached_property
     def instance_id(self) -> str:
-        """The data directory's random id (reinf.remote.ensure_instance_id), for /api/ping."""
-        from reinf.remote import ensure_instance_id
+        """The data directory's random id (reinf.daemon.remote.ensure_instance_id), for
+        /api/ping."""
+        from reinf.daemon.remote import ensure_instance_id
 
         return ensure_instance_id(self.config.data_dir)
 
@@ -61,11 +62,11 @@ class Runtime:
     def config_now(self) -> tuple[Config, dict | None]:
         """The config the next training round will use (the trainer child reads config.yaml
         afresh each round, the server read it once) and what changed since the server
-        started (reinf.status.config_changes: None when nothing did). While the file does
+        started (reinf.daemon.status.config_changes: None when nothing did). While the file does
         not load, the first is the config the server started with. The file is read again
         only when its size or times change."""
         from reinf.config import find_config_file
-        from reinf.status import config_changes, reread_config
+        from reinf.daemon.status import config_changes, reread_config
 
         environ = {**os.environ, "REINF_HOME": str(self.config.data_dir)}
         path = self.config.source or find_config_file(environ)

@@ -1,6 +1,6 @@
 """Streaming replies: the registry of replies in progress and the SSE encoding.
 
-A reply in progress is a ChatStream (reinf.chat): iterating it yields text deltas, the
+A reply in progress is a ChatStream (reinf.serving.chat): iterating it yields text deltas, the
 turn is stored when it ends, and ``.stop()`` ends it early (stored as interrupted).
 Each stream gets an id so that ``POST /api/chat/<stream_id>/stop`` can stop it from
 another request; a client that simply disconnects stops it too (GeneratorExit).

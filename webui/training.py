@@ -1,14 +1,14 @@
 """The JSON API of training (docs/design.md §6): status, train now, runs, checkpoints, rollback,
 and the figures the training page charts. Train now and rollback are the daemon's
-(reinf.daemon.Daemon); these routes only check the request and report its answer."""
+(reinf.daemon.background.Daemon); these routes only check the request and report its answer."""
 from __future__ import annotations
 
 import math
 
 from flask import Blueprint, jsonify
 
+from reinf.daemon.status import collect_status
 from reinf.errors import BadInput
-from reinf.status import collect_status
 from webui.params import query_int, read_json
 from webui.reports import checkpoint_scores
 from webui.runtime import get_runtime

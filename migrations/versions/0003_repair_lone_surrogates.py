@@ -3,7 +3,7 @@
 Older versions could store a lone surrogate ("\\ud800") in a JSON column: json.dumps
 escapes it as the ASCII text ``\\ud800``, which the database holds happily, but reading it
 back gives a str that cannot be encoded to UTF-8, so every response or export that held it
-failed. New writes refuse such text (reinf.store.check_text); this repairs what is stored.
+failed. New writes refuse such text (reinf.storage.store.check_text); this repairs what is stored.
 
 Revision ID: 0003
 Revises: 0002

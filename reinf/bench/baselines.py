@@ -44,16 +44,16 @@ from typing import Any
 
 import torch
 
-from reinf.adapters import load_adapter
+from reinf.daemon.lock import acquire_train_lock
+from reinf.daemon.worker import Outcome
 from reinf.errors import ReinfError
-from reinf.lock import acquire_train_lock
-from reinf.rewards import compute_rewards
+from reinf.model.adapters import load_adapter
+from reinf.rewards.mapper import compute_rewards
 from reinf.training import checkpoints
 from reinf.training.ppo import Policy, ValueHead, build_rollout, update_mode, weighted_mean
 from reinf.training.session import (fresh_adapter, load_base, prepare_for_training,
                                     resolve_train_device)
 from reinf.training.trainer import promote
-from reinf.worker import Outcome
 
 log = logging.getLogger("reinf.bench.baselines")
 BENCH_EXTRA = 'pip install -e ".[bench]"'

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from reinf.config import Config, load_config
-from reinf.modeling import LoadedModel, load_model
+from reinf.model.modeling import LoadedModel, load_model
 
 # Qwen2.5-0.5B's dimensions (docs/design.md §8): a random model of this shape costs what it costs.
 QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
@@ -63,7 +63,7 @@ def build_random_adapter(model, out_dir: str | Path, *, r: int = 8, alpha: int =
     touching the model.
 
     ``target_modules`` is a ``lora.target_modules`` setting (auto, all-linear or names),
-    resolved for this model as the trainer resolves it (``reinf.lora``), so any
+    resolved for this model as the trainer resolves it (``reinf.model.lora``), so any
     architecture gets the adapter its training would make. Shapes are read off the chosen
     layers: nn.Linear stores its weight as (out, in), transformers' Conv1D (GPT-2) as
     (in, out), which the adapter's config records as ``fan_in_fan_out``.
@@ -72,7 +72,7 @@ def build_random_adapter(model, out_dir: str | Path, *, r: int = 8, alpha: int =
     from safetensors.torch import save_file
     from transformers.pytorch_utils import Conv1D
 
-    from reinf.lora import fan_in_fan_out, lora_targets, target_layers
+    from reinf.model.lora import fan_in_fan_out, lora_targets, target_layers
 
     targets = lora_targets(model, target_modules)
     chosen = target_layers(model, targets)
@@ -176,7 +176,7 @@ def measure_generation(config_or_loaded: Config | LoadedModel, prompts: Sequence
     are timed with random adapters shaped by the lora settings (0 skips them). Times are
     medians.
     """
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
 
     if isinstance(config_or_loaded, LoadedModel):
         loaded, cfg = config_or_loaded, config or Config()
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model in SHAPES:
         from transformers import AutoTokenizer
 
-        from reinf.location import demo_model_dir
+        from reinf.catalog import demo_model_dir
         source = args.tokenizer or str(demo_model_dir(cfg))
         loaded = build_shaped_model(AutoTokenizer.from_pretrained(source), SHAPES[args.model])
         result = measure_generation(loaded, PROMPTS, config=cfg, max_new_tokens=args.new_tokens,

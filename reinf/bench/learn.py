@@ -2,12 +2,12 @@
 
 The whole loop runs with a simulated rater (``reinf.bench.raters``), through the daemon's code:
 ``ChatService`` + ``Engine`` generate and store each turn, ``Store.rate`` records the
-rating, ``reinf.scheduler.run_job`` runs a round as soon as ``train_after`` new ratings
+rating, ``reinf.daemon.scheduler.run_job`` runs a round as soon as ``train_after`` new ratings
 wait (the daemon's ratings trigger, ``min_waiting``), the round is ``reinf.training.trainer``'s
 (``run_once`` -> ``train_round``, promotion gate included) and a promoted checkpoint is
 hot-swapped with ``engine.request_swap``, as ``Daemon._adopt`` does. Two differences from
 ``reinf serve``, both for speed and determinism: the round runs in this process
-(``--child`` runs it in the daemon's child process, ``reinf.worker.ChildRunner``), and the
+(``--child`` runs it in the daemon's child process, ``reinf.daemon.worker.ChildRunner``), and the
 chat waits for it (in the daemon, replies keep coming from the old adapter meanwhile).
 
 **The identical rating stream.** Every method (Reinf as configured, the same trainer on rated
@@ -124,7 +124,7 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     seeds = list(range(plan.seed, plan.seed + plan.seeds))
     prompts = plan_prompts(config, plan, seeds)
     from reinf.config import resolve_model_path
-    from reinf.modeling import check_model_path
+    from reinf.model.modeling import check_model_path
     check_model_path(resolve_model_path(config), config)  # before any temporary directory
     info = prompts.info
     progress(f"prompts: {info['train_prompts']} training ({info['train_source']}), "
@@ -216,10 +216,10 @@ class Context:
 
 
 def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from reinf.config import load_config, render_yaml
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
 
     home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{method}-"))
     link_pulled_model(config, home)
@@ -236,7 +236,7 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
         from reinf.bench.baselines import BaselineRunner
         runner = BaselineRunner(method, cfg, store)
     elif plan.child:
-        from reinf.worker import ChildRunner
+        from reinf.daemon.worker import ChildRunner
         runner = ChildRunner(cfg, store)
     else:
         runner = InlineRunner(cfg, store)
@@ -246,7 +246,7 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
 def link_pulled_model(config, home: Path) -> None:
     """A named model (``reinf pull``) lives in the person's data directory; the run's own
     temporary one links to it, so the name (and the model's preset defaults) still apply."""
-    from reinf.models import KNOWN_MODELS, pulled_dir
+    from reinf.catalog import KNOWN_MODELS, pulled_dir
 
     name = config.model.model_path
     if name in KNOWN_MODELS and KNOWN_MODELS[name].source is not None:
@@ -259,15 +259,15 @@ def link_pulled_model(config, home: Path) -> None:
 
 class InlineRunner:
     """ChildRunner's interface in this process: ``reinf.training.trainer.run_once`` under the train
-    lock, its JSON result read back by the daemon's own ``reinf.worker.interpret``."""
+    lock, its JSON result read back by the daemon's own ``reinf.daemon.worker.interpret``."""
 
     def __init__(self, config, store):
         self.config, self.store, self.pid = config, store, None
 
     def run(self, trigger: str, *, force: bool = False):
-        from reinf.lock import acquire_train_lock
+        from reinf.daemon.lock import acquire_train_lock
         from reinf.training.trainer import run_once
-        from reinf.worker import Outcome, interpret
+        from reinf.daemon.worker import Outcome, interpret
 
         started = time.monotonic()
         lock = acquire_train_lock(self.config, trigger=trigger)
@@ -299,7 +299,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
     import torch
 
     from reinf.bench.raters import load_rater
-    from reinf.scheduler import run_job, utcnow
+    from reinf.daemon.scheduler import run_job, utcnow
 
     torch.manual_seed(seed)
     ctx = build_context(method, config, plan, k)

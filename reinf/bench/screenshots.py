@@ -177,13 +177,13 @@ def wait_for_runs(store, n: int, timeout: float = 900) -> None:
 
 
 def take(out: Path, model: str, home: Path) -> list[Path]:
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from reinf.config import load_config, render_yaml
-    from reinf.location import DEMO_MODEL, resolve_model_path
+    from reinf.catalog import DEMO_MODEL, resolve_model_path
     from reinf.demo.corpus import sample_prompts
-    from reinf.daemon import Daemon
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.daemon.background import Daemon
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
     from webui import create_app
     from webui.server import BackgroundServer
 

@@ -67,9 +67,9 @@ def run_speed(config, models: list[str], *, turns: int = 64, turns_large: int = 
     ``models``: ``demo``, ``0.5b`` or model paths (see the module docstring). A model path
     gets ``turns`` rated turns, or ``turns_large`` from ``LARGE_PARAMETERS`` parameters on.
     """
-    from reinf.location import resolve_model_path
+    from reinf.catalog import resolve_model_path
     from reinf.errors import BadInput, ReinfError
-    from reinf.modeling import check_model_path
+    from reinf.model.modeling import check_model_path
 
     if not models:
         raise BadInput("no model to measure", fix="use --models demo,0.5b or --model PATH")
@@ -101,8 +101,8 @@ def measure_model(config, name: str, *, turns: int, quick: bool,
     """Everything for one model, in this process (see the module docstring): ``demo``,
     ``0.5b`` or a model path. A model path of ``LARGE_PARAMETERS`` or more gets
     ``turns_large`` rated turns (when given) instead of ``turns``."""
-    from reinf.location import resolve_model_path
-    from reinf.modeling import load_model
+    from reinf.catalog import resolve_model_path
+    from reinf.model.modeling import load_model
     from reinf.bench.generation import machine, measure_generation
     from reinf.bench.training import measure_round
 
@@ -164,9 +164,9 @@ def measure_chat_reply_fresh(cfg, *, new_tokens: int, repeats: int, say) -> dict
     llama.cpp on the same GGUF when possible (``reinf.bench.llamacpp``)."""
     from reinf.bench.generation import PROMPTS
     from reinf.bench.llamacpp import measure_chat_reply
-    from reinf.location import resolve_model_path
-    from reinf.engine import Engine
-    from reinf.modeling import load_model
+    from reinf.catalog import resolve_model_path
+    from reinf.serving.engine import Engine
+    from reinf.model.modeling import load_model
 
     engine = Engine(load_model(cfg), cfg)
     return measure_chat_reply(engine, resolve_model_path(cfg), PROMPTS, new_tokens=new_tokens,
@@ -190,13 +190,13 @@ def measure_rating_to_answer(cfg, loaded, home: Path, ratings: int, *,
     the server's own; the child runs ``reinf.bench.roundchild`` (the trainer's ``main`` with a
     stage clock). After the last rating this process does nothing but look, every ``poll``
     seconds, whether the engine serves a new checkpoint, then sends the next message."""
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from reinf.config import load_config, render_yaml
-    from reinf.daemon import Daemon
+    from reinf.daemon.background import Daemon
     from reinf.demo.corpus import sample_prompts
-    from reinf.engine import Engine
-    from reinf.store import Store
-    from reinf.worker import ChildRunner, build_command
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
+    from reinf.daemon.worker import ChildRunner, build_command
 
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(render_yaml(cfg.replace(
@@ -298,7 +298,7 @@ def round_split(metrics: dict[str, Any]) -> dict[str, Any]:
 def save_shaped_model(config, out: Path) -> str:
     from transformers import AutoTokenizer
 
-    from reinf.location import demo_model_dir
+    from reinf.catalog import demo_model_dir
     from reinf.bench.generation import build_shaped_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir(config)))
@@ -312,13 +312,13 @@ def save_shaped_model(config, out: Path) -> str:
 def measure_chat_during_round(cfg, loaded, home: Path, turns: int, *, new_tokens: int,
                               idle: int) -> dict[str, Any]:
     """Replies timed on an idle machine, then while the daemon's child trainer runs."""
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from reinf.config import load_config, render_yaml
     from reinf.demo.corpus import sample_prompts
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
     from reinf.bench.raters import load_rater
-    from reinf.store import Store
-    from reinf.worker import ChildRunner
+    from reinf.storage.store import Store
+    from reinf.daemon.worker import ChildRunner
 
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(render_yaml(cfg.replace(data_dir=str(home))), "utf-8")

@@ -28,18 +28,18 @@ import torch
 
 from reinf.training import checkpoints
 from reinf.training.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, evaluate,
-                       train_policy, update_mode)
+                                train_policy, update_mode)
 
 
 def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: int = 32,
                   reply_tokens: int = 32, seed: int = 0) -> dict[str, Any]:
     """Time one PPO round on ``n_samples`` synthetic turns; see the module docstring.
 
-    ``loaded``: a ``reinf.modeling.LoadedModel`` (or anything with ``model``, ``device``,
+    ``loaded``: a ``reinf.model.modeling.LoadedModel`` (or anything with ``model``, ``device``,
     ``dtype``, ``name``), e.g. a randomly initialised model built in memory; default: the
     configured model, loaded for training. Its model gets a fresh LoRA adapter.
     """
-    from reinf.modeling import quiet_peft
+    from reinf.model.modeling import quiet_peft
     from reinf.training.session import (fresh_adapter, load_base, prepare_for_training,
                                         resolve_train_device)
 

@@ -35,7 +35,7 @@ def chat(app, once, conversation_id, url, temperature, max_new_tokens, system_pr
                             system_prompt=system_prompt)
     if once is not None:
         sys.exit(send_once(backend, once, conversation_id, as_json, system_prompt=system_prompt))
-    from reinf.repl import Repl
+    from reinf.cli.repl import Repl
 
     bracketed_paste()
     sys.exit(Repl(backend, conversation_id=conversation_id, system_prompt=system_prompt).run())
@@ -43,7 +43,7 @@ def chat(app, once, conversation_id, url, temperature, max_new_tokens, system_pr
 
 def bracketed_paste() -> None:
     """At a terminal, ask it to mark pastes (ESC[200~ ... ESC[201~), so that a paste of
-    several lines is one message (reinf.repl.Repl.unbracket), not one message per line;
+    several lines is one message (reinf.cli.repl.Repl.unbracket), not one message per line;
     and to stop marking them when chat ends. A terminal that does not know the request
     ignores it; /paste and a trailing backslash still take several lines."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -62,7 +62,7 @@ def build_backend(app, url: str | None, *, quiet: bool = False,
     An unknown ``conversation_id`` fails here, before the slow model load, and so does a
     ``system_prompt`` other than its own once it has turns."""
     from reinf.client import HttpBackend
-    from reinf.remote import find_server
+    from reinf.daemon.remote import find_server
 
     cfg = app.config
     # at --url, else the server of this data directory (same DB), else the configured address
@@ -85,7 +85,7 @@ def build_backend(app, url: str | None, *, quiet: bool = False,
 def check_system_prompt(conversation: dict, system_prompt: str | None) -> None:
     """``--system`` with ``--conversation``: a conversation with turns keeps its own."""
     from reinf.errors import Conflict
-    from reinf.store import check_system_prompt as normalize
+    from reinf.storage.store import check_system_prompt as normalize
 
     if system_prompt is None or not conversation["turns"] or \
             normalize(system_prompt) == conversation.get("system_prompt"):
@@ -96,11 +96,11 @@ def check_system_prompt(conversation: dict, system_prompt: str | None) -> None:
 
 
 def local_backend(app, *, quiet: bool = False):
-    from reinf.chat import ChatService
-    from reinf.location import resolve_model_path
-    from reinf.daemon import serve_active
-    from reinf.engine import Engine
-    from reinf.repl import LocalBackend
+    from reinf.serving.chat import ChatService
+    from reinf.catalog import resolve_model_path
+    from reinf.daemon.background import serve_active
+    from reinf.serving.engine import Engine
+    from reinf.cli.repl import LocalBackend
 
     _quiet_libraries(app.debug)
     store = app.store  # opened (and migrated) before the slow model load
@@ -123,7 +123,7 @@ def send_once(backend, message: str, conversation_id: int | None, as_json: bool,
               system_prompt: str | None = None) -> int:
     """Send one message; print the reply (streamed) or its turn as JSON. Ctrl-C at any point
     stops the reply, which is still stored and printed (exit status 130)."""
-    from reinf.repl import finish, held_interrupt
+    from reinf.cli.repl import finish, held_interrupt
 
     extra = {} if system_prompt is None else {"system_prompt": system_prompt}
     with held_interrupt() as pressed:  # a Ctrl-C while it starts stops the reply, once it exists

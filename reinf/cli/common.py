@@ -50,8 +50,8 @@ class AppContext:
     def _private(self) -> None:
         """From here on, what Reinf writes (logs, checkpoints by the trainer child, the
         config that ``init`` writes) is for this user only; a data directory an older Reinf
-        left open is tightened now, with one line on stderr (reinf.permissions)."""
-        from reinf.permissions import secure_data_dir, use_private_umask
+        left open is tightened now, with one line on stderr (reinf.storage.permissions)."""
+        from reinf.storage.permissions import secure_data_dir, use_private_umask
 
         if self._umask is None:
             self._umask = use_private_umask()
@@ -60,7 +60,7 @@ class AppContext:
     @property
     def store(self):
         if self._store is None:
-            from reinf.store import Store
+            from reinf.storage.store import Store
             self._store = Store.open(self.config)
         return self._store
 
@@ -68,7 +68,7 @@ class AppContext:
         """The store for a command that only reads: it must not create or migrate a
         database (see Store.open_existing)."""
         if self._store is None:
-            from reinf.store import Store
+            from reinf.storage.store import Store
             self._store = Store.open_existing(self.config)
         return self._store
 
@@ -77,7 +77,7 @@ class AppContext:
             self._store.close()
             self._store = None
         if self._umask is not None:  # in-process callers (tests) get theirs back
-            from reinf.permissions import restore_umask
+            from reinf.storage.permissions import restore_umask
 
             restore_umask(self._umask)
             self._umask = None
@@ -114,7 +114,7 @@ def translate(exc: BaseException, app: AppContext | None) -> ReinfError | None:
     config = getattr(app, "_config", None)
     if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) \
             and exc.filename:
-        from reinf import db
+        from reinf.storage import db
 
         path = Path(exc.filename)
         home = config.data_dir if config is not None else None
@@ -133,7 +133,7 @@ def translate(exc: BaseException, app: AppContext | None) -> ReinfError | None:
     except ImportError:  # pragma: no cover - a dependency
         return None
     if isinstance(exc, DBAPIError) and app is not None and app._store is not None:
-        from reinf import db
+        from reinf.storage import db
 
         return db.explain(exc, db.sqlite_path(app._store.engine))
     return None

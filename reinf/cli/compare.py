@@ -1,6 +1,6 @@
 """``reinf compare``: one prompt, replies from the base model, the active checkpoint (and
 ``--checkpoint``), shown blind as A, B (, C); the person says which is better, the pairs are
-stored (reinf.compare), then who wrote which is revealed."""
+stored (reinf.serving.compare), then who wrote which is revealed."""
 from __future__ import annotations
 
 import click
@@ -17,13 +17,13 @@ class LocalCompare:
     the model in this process."""
 
     def __init__(self, engine, store, config):
-        from reinf.compare import Comparisons
+        from reinf.serving.compare import Comparisons
 
         self.engine, self.store, self.config = engine, store, config
         self.comparisons = Comparisons()
 
     def compare(self, prompt: str, *, checkpoint: str | None = None, blind: bool = True) -> dict:
-        from reinf.compare import build_comparison
+        from reinf.serving.compare import build_comparison
 
         comparison = build_comparison(self.engine, self.store, self.config, prompt=prompt,
                                       checkpoint=checkpoint, blind=blind)
@@ -127,7 +127,7 @@ def answer_text(answer: str) -> str:
 def build_compare_backend(app, url: str | None, *, quiet: bool = False):
     """The daemon's API when one answers (as `reinf chat` finds it), else the model here."""
     from reinf.client import HttpBackend
-    from reinf.remote import find_server
+    from reinf.daemon.remote import find_server
 
     target = find_server(app.config, url)
     if target:

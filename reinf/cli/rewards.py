@@ -25,7 +25,7 @@ def preview(app, limit, as_json):
     error (file, line, message) and exits with status 1.
     """
     from reinf.errors import HookError
-    from reinf.rewards import preview as build_preview, rewards_settings
+    from reinf.rewards.mapper import preview as build_preview, rewards_settings
 
     cfg = app.config
     settings = rewards_settings(cfg)
@@ -45,7 +45,7 @@ def preview(app, limit, as_json):
 
 def _hook_path(cfg) -> str | None:
     from reinf.errors import HookError
-    from reinf.hooks import parse_spec
+    from reinf.rewards.hooks import parse_spec
 
     try:
         spec = parse_spec(cfg.rewards.reward_mapper, cfg.data_dir)

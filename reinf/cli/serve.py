@@ -4,7 +4,7 @@ Start-up order, so that a mistake is reported before the slow model load:
 config (flags through ``app.override``, so a non-loopback host without auth_token stops
 here) -> the data directory's server lock -> log file -> store (migrations) -> model ->
 daemon (scheduler, child trainer) -> web app -> bind the port -> serve until SIGTERM or
-Ctrl+C (reinf.shutdown stops gracefully) -> exit at once, status 0, once everything is
+Ctrl+C (reinf.daemon.shutdown stops gracefully) -> exit at once, status 0, once everything is
 closed. A second server on the same data directory stops at the lock, before the model
 loads.
 """
@@ -26,10 +26,10 @@ def serve(app, host, port, no_train):
     """Serve the web UI, the HTTP API and background training."""
     app.override(host=host, port=port)
     config = app.config  # validation: a ConfigError stops start-up with its fix
-    from reinf.daemon import Daemon
-    from reinf.lock import acquire_lock
+    from reinf.daemon.background import Daemon
+    from reinf.daemon.lock import acquire_lock
     from reinf.logs import setup_logging
-    from reinf.shutdown import install_signal_handlers, run_server
+    from reinf.daemon.shutdown import install_signal_handlers, run_server
     from webui.server import check_port, create_server, format_url
 
     # One server per data directory: a clear Conflict if taken. Before the log file: only
@@ -40,9 +40,9 @@ def serve(app, host, port, no_train):
     try:
         check_port(config.server.host, config.server.port)  # before the slow model load
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the log
-        from reinf.chat import ChatService  # torch and transformers: after the quick checks
-        from reinf.location import resolve_model_path
-        from reinf.engine import Engine
+        from reinf.serving.chat import ChatService  # torch and transformers: after the quick checks
+        from reinf.catalog import resolve_model_path
+        from reinf.serving.engine import Engine
         from webui import create_app
 
         store = app.store

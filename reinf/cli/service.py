@@ -16,7 +16,7 @@ def service():
 @click.pass_obj
 def install(app, as_json):
     """Write the service file for this installation and print how to enable it."""
-    from reinf.service import install_service
+    from reinf.daemon.service import install_service
 
     data = install_service(app.config)
 
@@ -37,7 +37,7 @@ def install(app, as_json):
 @click.pass_obj
 def uninstall(app, as_json):
     """Remove the service file (stop the service first; the command is printed)."""
-    from reinf.service import uninstall_service
+    from reinf.daemon.service import uninstall_service
 
     data = uninstall_service(app.config)
 
@@ -56,7 +56,7 @@ def uninstall(app, as_json):
 @click.pass_obj
 def service_status(app, as_json):
     """Report whether the service is installed, current, and running."""
-    from reinf.service import service_status as collect
+    from reinf.daemon.service import service_status as collect
 
     data = collect(app.config)
 

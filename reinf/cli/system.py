@@ -22,8 +22,8 @@ def init(app, model_name, skip_model, as_json):
     """Create the data directory, database, config.yaml, reward_mapper.py, and fetch the
     model (pull a named one, build the demo one) if it is missing."""
     from reinf.config import render_yaml
-    from reinf.location import DEMO_MODEL, resolve_model_path
-    from reinf.models import INIT_MODEL
+    from reinf.catalog import DEMO_MODEL, resolve_model_path
+    from reinf.catalog import INIT_MODEL
 
     if model_name:
         app.override(model_path=model_name)
@@ -51,7 +51,7 @@ def init(app, model_name, skip_model, as_json):
     hook = home / "reward_mapper.py"
     if not hook.exists():
         try:
-            from reinf.rewards import hook_template
+            from reinf.rewards.mapper import hook_template
         except ImportError:
             hook_template = None
         if hook_template is not None:
@@ -68,7 +68,7 @@ def init(app, model_name, skip_model, as_json):
         created.append(model_path)
         model_built = True
     elif not skip_model:
-        from reinf.models import KNOWN_MODELS, is_installed, pull
+        from reinf.catalog import KNOWN_MODELS, is_installed, pull
 
         known = KNOWN_MODELS.get(cfg.model.model_path)
         if known is not None and known.source is not None and not is_installed(model_path):
@@ -104,9 +104,9 @@ def _set_yaml_value(text: str, key: str, value: str) -> str:
 @click.pass_obj
 def status(app, as_json):
     """Model, device, active checkpoint, ratings waiting, last and next run, warnings."""
-    from reinf.status import collect_status
+    from reinf.daemon.status import collect_status
 
-    from reinf.remote import fetch_schedule, locate_server
+    from reinf.daemon.remote import fetch_schedule, locate_server
 
     daemon = locate_server(app.config)
     schedule = fetch_schedule(app.config) if daemon.get("running") else None
@@ -213,8 +213,8 @@ def db_group():
 @click.pass_obj
 def db_upgrade(app, as_json):
     """Apply pending schema migrations (start-up does this too)."""
-    from reinf import db
-    from reinf.store import Store
+    from reinf.storage import db
+    from reinf.storage.store import Store
 
     store = Store(app.config.db_url, busy_timeout_ms=app.config.storage.busy_timeout_ms,
                   migrate=False)
@@ -234,9 +234,9 @@ def db_upgrade(app, as_json):
 @click.pass_obj
 def db_recover(app, as_json):
     """Copy every readable row of a damaged database into a new one; keep the damaged file."""
-    from reinf import db
+    from reinf.storage import db
     from reinf.errors import Conflict, NotAvailable
-    from reinf.lock import is_held, lock_path, train_lock_path
+    from reinf.daemon.lock import is_held, lock_path, train_lock_path
 
     cfg = app.config
     engine = db.create_db_engine(cfg.db_url, cfg.storage.busy_timeout_ms)
@@ -259,7 +259,7 @@ def db_recover(app, as_json):
         emit({"path": str(path), "damaged": False}, as_json, lambda d: click.echo(
             f"{d['path']} passes SQLite's quick_check: nothing to recover"))
         return
-    from reinf.recover import recover
+    from reinf.storage.recover import recover
 
     report = recover(path)
     report["damaged"] = True
@@ -317,7 +317,7 @@ def rollback(app, checkpoint_id, as_json):
         target = active.parent_id  # an exact id: never read as a prefix
     else:
         target = store.resolve_checkpoint(checkpoint_id)  # the full id, None for base
-    from reinf.remote import notify_rollback
+    from reinf.daemon.remote import notify_rollback
 
     if target is not None:
         store.get_checkpoint(target)  # a clear error for an unknown id

@@ -2,7 +2,7 @@
 
 With no server running it trains in the foreground, with a progress bar. While a
 ``reinf serve`` uses the data directory, it asks that server to train instead
-(reinf.remote.request_train) and waits for the round, so there is only ever one trainer
+(reinf.daemon.remote.request_train) and waits for the round, so there is only ever one trainer
 and the new checkpoint is swapped into the running model.
 
 Either way it reports the same, exit codes included: 0 succeeded, 3 rejected by the
@@ -42,7 +42,7 @@ def train(app, once, force, as_json):
     Exit codes: 0 succeeded, 3 rejected by the promotion gate, 4 nothing new to
     train on, 5 reward hook broken, 6 model missing, 1 anything else.
     """
-    from reinf.remote import locate_server
+    from reinf.daemon.remote import locate_server
 
     config = app.config
     daemon = locate_server(config)
@@ -65,7 +65,7 @@ def train(app, once, force, as_json):
 def train_here(app, *, force: bool, progress: bool):
     """One round in this process -> (exit code, payload, error)."""
     from reinf.errors import Conflict
-    from reinf.lock import acquire_train_lock, train_lock_holder
+    from reinf.daemon.lock import acquire_train_lock, train_lock_holder
     from reinf.training.trainer import ProgressBar, apply_process_settings, run_once
 
     config, store = app.config, app.store
@@ -93,7 +93,7 @@ def train_here(app, *, force: bool, progress: bool):
 def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
     """Ask the running server for a round and wait for it -> (exit code, payload, error)."""
     from reinf.errors import Conflict, ReinfError
-    from reinf.remote import request_train
+    from reinf.daemon.remote import request_train
     from reinf.training.outcome import NothingToTrain
 
     if not quiet:
@@ -126,7 +126,7 @@ def train_in_daemon(config, daemon: dict, *, force: bool, quiet: bool):
 def hook_problem(config, store=None):
     """The broken reward hook, worded as a round reports it, or None when it works."""
     from reinf.errors import HookError
-    from reinf.rewards import check_hook
+    from reinf.rewards.mapper import check_hook
 
     try:
         check_hook(config, store)

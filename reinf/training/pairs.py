@@ -1,6 +1,6 @@
 """The person's picks as rows of the rating model (stage 1 of a round, beside the ratings).
 
-A pair (reinf.schema.Pair) is two replies to one prompt and which one the person preferred:
+A pair (reinf.storage.schema.Pair) is two replies to one prompt and which one the person preferred:
 from the compare page and `reinf compare` (text sides: the pair keeps their prompt and reply
 token ids), regenerate-and-pick and /v1 ``n`` > 1 (turn sides: the turns keep them). Each side
 becomes a row of the rating model's features: a rated turn's own row when the side is one,

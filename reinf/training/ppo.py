@@ -67,7 +67,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from reinf.sampling import Scored, kl_per_token, token_logprobs
+from reinf.model.sampling import Scored, kl_per_token, token_logprobs
 
 
 # --- the round's batch ------------------------------------------------------------------
@@ -76,7 +76,7 @@ from reinf.sampling import Scored, kl_per_token, token_logprobs
 class Rollout:
     """B rated turns as tensors (on the training device): prompt + reply left-padded, so
     every row ends at the last column and the model is asked for its last columns' logits
-    only (reinf.sampling.token_logprobs); the per-token tensors are right-padded."""
+    only (reinf.model.sampling.token_logprobs); the per-token tensors are right-padded."""
     input_ids: Tensor       # (B, L) prompt + reply, left-padded with 0
     attention_mask: Tensor  # (B, L)
     positions: Tensor       # (B, T) column of input_ids whose logits predict reply token t

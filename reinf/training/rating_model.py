@@ -57,7 +57,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from reinf.sampling import ForwardArgs
+from reinf.model.sampling import ForwardArgs
 
 #: Ridge strengths tried, as multiples of the mean diagonal of the feature kernel.
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)

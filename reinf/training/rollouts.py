@@ -1,7 +1,7 @@
 """Rollouts, stage 2 of a round: fresh replies from the current adapter, never shown to anyone.
 
 ``sample_rollouts`` draws ``k`` replies for each of ``P`` prompts in batches, with a KV cache,
-inside the trainer's process, through the same decoder as the engine (``reinf.sampling``):
+inside the trainer's process, through the same decoder as the engine (``reinf.model.sampling``):
 each sampled token's behaviour log-probability is recorded exactly as a chat reply records
 it, so a re-forward of the reply under the same adapter (PPO's first pass) reproduces it up
 to floating-point noise and the PPO ratio starts at 1. Rollouts live in memory for one
@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from reinf.sampling import decode, eos_token_ids
+from reinf.model.sampling import decode, eos_token_ids
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The training session of a round: the base model on the training device, the adapter
 and value head, the optimizer, and the state carried from round to round.
 
-A round continues from the ACTIVE checkpoint: its adapter (``reinf.adapters.load_adapter``,
+A round continues from the ACTIVE checkpoint: its adapter (``reinf.model.adapters.load_adapter``,
 trainable), value head, optimizer state, KL controller, running reward statistics and
 counters. With the base model active (first round, or ``reinf rollback base``) everything
 starts fresh: a new adapter seeded by ``ppo.seed``, a zero value head, ``kl_coef`` from the
@@ -27,11 +27,12 @@ import torch
 
 # load_base calls memory.trainer_quantization and modeling.load_model through their modules,
 # so that tests can stand in for them there.
-from reinf import memory, modeling
-from reinf.adapters import load_adapter
 from reinf.errors import ModelError, ReinfError
-from reinf.lora import adapted_layers, fan_in_fan_out, lora_targets, target_layers
-from reinf.modeling import cuda_facts, get_context_limit, quiet_peft
+from reinf.model import memory
+from reinf.model import modeling
+from reinf.model.adapters import load_adapter
+from reinf.model.lora import adapted_layers, fan_in_fan_out, lora_targets, target_layers
+from reinf.model.modeling import cuda_facts, get_context_limit, quiet_peft
 from reinf.training import checkpoints
 from reinf.training.ppo import KLController, Policy, RunningMoments, ValueHead
 
@@ -47,7 +48,7 @@ class Session:
     reward_stats: RunningMoments
     counters: dict[str, int]         # round, global_step, samples_seen
     parent_id: str | None
-    loaded: Any                      # reinf.modeling.LoadedModel
+    loaded: Any                      # reinf.model.modeling.LoadedModel
     warnings: list[str] = field(default_factory=list)
     context_limit: int = 0           # longest prompt + reply the model takes, in tokens
 
@@ -68,9 +69,9 @@ def resolve_train_device(config) -> tuple[str | None, list[str]]:
 
 
 def load_base(config, device: str | None):
-    """The base model for training, via reinf.modeling; a missing model says so plainly.
+    """The base model for training, via reinf.model.modeling; a missing model says so plainly.
 
-    Its quantization is ``training.base_quantization`` (reinf.memory.trainer_quantization):
+    Its quantization is ``training.base_quantization`` (reinf.model.memory.trainer_quantization):
     with ``auto``, a 4-bit base where the memory plan says an unquantized one will not fit
     beside the server on the GPU; the round's warnings then say so."""
     quantization, why = memory.trainer_quantization(config)
@@ -161,7 +162,7 @@ def build_session(config, store) -> Session:
         stats.load_state_dict(state["reward_stats"])
     counters = {k: int(state.get(k, 0)) for k in ("round", "global_step", "samples_seen")}
     # The longest row a round reads: the model's own limit, or less (training.max_train_tokens
-    # bounds the round's memory, reinf.memory).
+    # bounds the round's memory, reinf.model.memory).
     limit = min(get_context_limit(loaded.model, loaded.tokenizer),
                 config.training.max_train_tokens)
     return Session(policy, optimizer, kl_ctl, stats, counters, parent_id, loaded, warnings,

@@ -6,10 +6,10 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
 1. it refuses when no rating or pick arrived since the last finished round ("nothing new
    to train on"), unless ``force``; it records a ``training_runs`` row, reads the newest
    ``replay_buffer_size`` rated turns and maps them to rewards and weights
-   (``reinf.rewards``; a broken hook fails the run);
+   (``reinf.rewards.mapper``; a broken hook fails the run);
 2. loads the base model on the training device and continues from the ACTIVE checkpoint
    (``reinf.training.session``), or from its parent when the person's blind picks put it
-   behind that (the picks rule, ``reinf.leaderboard.choose_start``); fits the **rating
+   behind that (the picks rule, ``reinf.training.leaderboard.choose_start``); fits the **rating
    model** on every rating that is not forgotten, and the person's picks
    (``reinf.training.rating_model``, ``reinf.training.pairs``); its cross-validated
    Spearman decides the mode: ``rollouts`` once it is trustworthy, else ``rated`` (the cold
@@ -52,8 +52,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from reinf.training import checkpoints
 from reinf.errors import HookError, ReinfError, TrainingError
+from reinf.training import checkpoints
 from reinf.training.outcome import NothingToTrain, RoundOutcome
 from reinf.training.pairs import PairRows, pairs_waiting
 
@@ -117,8 +117,8 @@ def train_round(config, store, *, trigger: str = "manual", progress: Callable | 
 def _run(config, store, run_id: int, root: Path, progress, now, started) -> RoundResult:
     # torch and transformers load only once there is work: a round with nothing to do
     # (the daemon's child, every few minutes) stays cheap.
-    from reinf.leaderboard import choose_start, picks_vs_base
-    from reinf.rewards import compute_rewards
+    from reinf.training.leaderboard import choose_start, picks_vs_base
+    from reinf.rewards.mapper import compute_rewards
     from reinf.training.ppo import Hyper, build_rollout, train_policy
     from reinf.training.session import build_session, select_episodes
 
@@ -140,7 +140,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             if s.turn_id in by_turn and by_turn[s.turn_id].kept]
     report({"stage": "load"})
     # The picks rule: a round does not build on a checkpoint the person's blind picks put
-    # behind its parent; it continues from that parent (reinf.leaderboard.choose_start).
+    # behind its parent; it continues from that parent (reinf.training.leaderboard.choose_start).
     start, passed_over = choose_start(store)
     session = build_session(config, store if not passed_over else StartFrom(store, start))
     episodes, skipped = select_episodes(session, kept)
@@ -284,8 +284,7 @@ def plan_round(config, store, rated, session, report, *, read_at=None) -> RoundP
     rollouts once it is trustworthy, else the rated replies alone (the cold start)."""
     from reinf.training.pairs import collect_pairs
     from reinf.training.rating_model import (PairSet, cross_validated_pair_accuracy,
-                                             fit_rating_model, reply_features,
-                                             spearman_ceiling)
+                                             fit_rating_model, reply_features, spearman_ceiling)
     from reinf.training.session import unreadable
 
     t = config.training
@@ -357,7 +356,7 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     rated replies to the same prompts stay in the batch with their real score.
     """
     from reinf.records import Sample
-    from reinf.rewards import compute_rewards
+    from reinf.rewards.mapper import compute_rewards
     from reinf.training.rating_model import reply_features
     from reinf.training.rollouts import choose_prompts, sample_rollouts
 
@@ -436,7 +435,7 @@ def measure_vs_base(config, session, rating_model, rated, *, seed: int) -> dict[
     rated prompts, from the policy with and without its adapter, one sampling seed for both
     (so they differ by the adapter, as in compare); the mean of the heads scores each.
     None without a rating model or prompts (a cold start on a few ratings)."""
-    from reinf.leaderboard import Record
+    from reinf.training.leaderboard import Record
     from reinf.training.rating_model import reply_features
     from reinf.training.rollouts import choose_prompts, sample_rollouts
 
@@ -489,7 +488,7 @@ def reject_forgotten(config, store, run_id: int, ckpt_id: str, path: Path,
 
 class StartFrom:
     """The store as ``build_session`` reads it, with ``active_checkpoint()`` naming the
-    checkpoint the round continues from (the picks rule, reinf.leaderboard.choose_start)
+    checkpoint the round continues from (the picks rule, reinf.training.leaderboard.choose_start)
     instead of the active one; everything else is the store's."""
 
     def __init__(self, store, checkpoint_id: str | None):
@@ -666,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     parser = argparse.ArgumentParser(prog="python -m reinf.training.trainer",
                                      description="Run one Reinf training round.")

@@ -244,7 +244,7 @@ def test_a_client_of_another_data_directory_refuses_the_server(live, config, tmp
 
     from reinf.config import load_config
     from reinf.errors import ReinfError
-    from reinf.remote import find_server, read_instance_id
+    from reinf.daemon.remote import find_server, read_instance_id
 
     port = urlsplit(live.url).port
     ping = requests.get(live.url + "/api/ping", timeout=10).json()

@@ -31,7 +31,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(tiny_model, tmp_path_factory):
     from reinf.config import load_config
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
 
     cfg = load_config(environ={"REINF_HOME": str(tmp_path_factory.mktemp("engine-home"))},
                       overrides={"model_path": str(tiny_model), "max_new_tokens": 24})
@@ -40,7 +40,7 @@ def engine(tiny_model, tmp_path_factory):
 
 @pytest.fixture
 def server(engine, config, store, build_daemon):
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from webui import create_app
     from webui.server import BackgroundServer
 
@@ -97,7 +97,7 @@ def test_openai_client_with_the_real_engine(server, store):
 
 def test_reinf_chat_backend_over_http(server, store, engine, monkeypatch):
     from reinf.client import HttpBackend
-    from reinf.remote import probe_server
+    from reinf.daemon.remote import probe_server
 
     assert probe_server(server.url)["service"] == "reinf"
     assert probe_server("http://127.0.0.1:9") is None
@@ -201,7 +201,7 @@ def test_a_cut_over_http_keeps_exactly_what_was_shown(server, store, engine, mon
     the tokens whose text it displayed (POST /api/turns/<id>/cut), and nothing at all when
     nothing was displayed, as the local backend does."""
     from reinf.client import HttpBackend
-    from reinf.modeling import Detokenizer
+    from reinf.model.modeling import Detokenizer
 
     backend = HttpBackend(server.url, generation={"max_new_tokens": 24})
     handle = backend.send_stream("Tell me a story", None)

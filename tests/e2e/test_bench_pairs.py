@@ -22,7 +22,7 @@ def one_thread():
 
 def test_learn_with_a_pair_every_fourth_interaction(invoke, tmp_path):
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     result = invoke("bench", "learn", "--json", "--threads", "1", "--plot",
                     tmp_path / "learn.png", "--ratings", "16", "--train-after", "8",

@@ -45,7 +45,8 @@ def test_speed_measures_a_gpt2_model_by_path_and_names_it(invoke, gpt2_dir):
     n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(gpt2_dir).parameters())
     assert gpt2["model_name"] == str(gpt2_dir) and gpt2["parameters"] == n
     assert gpt2["generation"]["engine"]["tokens_per_s"] > 0
-    assert gpt2["swap"]["pause_ms_new_adapter"] >= 0       # Conv1D adapters were swapped in
+    swap = gpt2["swap"]                                     # Conv1D adapters were swapped in
+    assert swap["swaps"] > 0 and swap["pause_ms_max"] >= swap["pause_ms_new_adapter"] > 0
     assert gpt2["ppo_round"]["samples"] == 16
     assert gpt2["chat_while_training"]["round_status"] == "succeeded"
     text = format_speed(report)

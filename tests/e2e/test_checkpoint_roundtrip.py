@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 
 import trainkit as tk
 from conftest import REPO, clean_env
-from reinf.training import checkpoints
 from reinf.errors import TrainingError
+from reinf.storage.store import Store
+from reinf.training import checkpoints
 from reinf.training.ppo import ValueHead
-from reinf.store import Store
 from reinf.training.session import build_session
 from reinf.training.trainer import train_round
 
@@ -134,7 +134,7 @@ CRASHING_CHILD = textwrap.dedent("""
     sys.path[:0] = [{tests!r}, {e2e!r}]
     import trainkit as tk
     from reinf.training import checkpoints
-    from reinf.store import Store
+    from reinf.storage.store import Store
     from reinf.training.trainer import train_round
 
     def die(tmp, final):  # killed after every file is written, before the rename
@@ -176,7 +176,7 @@ def test_checkpoints_record_the_model_name_and_load_when_moved(home, model_dir, 
     """adapter_config.json names the base as the setting does (here a directory beside the
     config file), not this machine's absolute path; a moved checkpoint still loads, and a
     round resumed from one saves without looking the name up anywhere."""
-    from reinf.adapters import read_adapter
+    from reinf.model.adapters import read_adapter
 
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text("model:\n  model_path: tiny-model\n")

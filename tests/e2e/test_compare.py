@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(tiny, tmp_path_factory):
     from reinf.config import load_config
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
 
     cfg = load_config(environ={"REINF_HOME": str(tmp_path_factory.mktemp("engine-home"))},
                       overrides={"model_path": str(tiny), "max_new_tokens": 12})
@@ -100,7 +100,7 @@ def test_a_borrowed_adapter_serves_one_reply_and_the_active_one_stays(served, st
 
 def test_chats_during_a_comparison_keep_the_active_adapter(served, store, tmp_path):
     engine = served
-    from reinf.compare import build_comparison
+    from reinf.serving.compare import build_comparison
 
     prompt = engine.build_prompt([], "Hello")
     done = []
@@ -120,7 +120,7 @@ def test_chats_during_a_comparison_keep_the_active_adapter(served, store, tmp_pa
 
 @pytest.fixture
 def server(served, config, store, build_daemon):
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from webui import create_app
     from webui.server import BackgroundServer
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.e2e
 
 WRITER = textwrap.dedent("""
     import sys
-    from reinf.store import Store
+    from reinf.storage.store import Store
     url, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = Store(url, migrate=False)
     conv = store.create_conversation(title=tag).id
@@ -28,7 +28,7 @@ WRITER = textwrap.dedent("""
 
 READER = textwrap.dedent("""
     import json, sys, time
-    from reinf.store import Store
+    from reinf.storage.store import Store
     store = Store(sys.argv[1], migrate=False)
     seen, reads = 0, 0
     deadline = time.time() + 60

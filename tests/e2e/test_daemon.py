@@ -14,7 +14,7 @@ from conftest import REPO
 from daemonkit import (free_port, needs_demo, open_gate, parent_of, reinf,
                        servers,  # noqa: F401 - a fixture
                        wait_for, write_config, write_gated_config)
-from reinf.lock import read_info
+from reinf.daemon.lock import read_info
 
 pytestmark = [pytest.mark.e2e, needs_demo]
 

@@ -12,7 +12,7 @@ import yaml
 
 import trainkit as tk
 from reinf.config import load_config
-from reinf.store import Store
+from reinf.storage.store import Store
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("reinf.training.trainer") is None,
@@ -49,12 +49,12 @@ def write_config(home, model_dir, **rewards):
 
 @pytest.fixture
 def parts(home, model_dir):
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
 
     made = []
 
     def build(runner=None, **rewards):
-        from reinf.daemon import Daemon
+        from reinf.daemon.background import Daemon
 
         config = write_config(home, model_dir, **rewards)
         store = Store.open(config)
@@ -114,7 +114,7 @@ def test_a_real_round_is_swapped_into_the_engine(parts):
 
 
 def test_a_hung_reward_hook_times_out_and_chat_stays_up(parts, home):
-    from reinf.worker import ChildRunner
+    from reinf.daemon.worker import ChildRunner
 
     (home / "reward_mapper.py").parent.mkdir(parents=True, exist_ok=True)
     (home / "reward_mapper.py").write_text(HUNG_HOOK)

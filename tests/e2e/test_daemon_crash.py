@@ -16,8 +16,8 @@ import requests
 
 from daemonkit import (is_alive, needs_demo, read_db, servers,  # noqa: F401 - a fixture
                        wait_for, write_config, write_gated_config)
+from reinf.daemon.lock import is_held
 from reinf.training.checkpoints import is_complete
-from reinf.lock import is_held
 
 pytestmark = [pytest.mark.e2e, needs_demo]
 KILL_POINTS = ("run row written", "checkpoint being written", "random moment")

@@ -4,16 +4,17 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from enginekit import hold_after_first_token
 
-from reinf.location import PROJECT_ROOT
-from reinf.engine import Engine
+from reinf.catalog import PROJECT_ROOT
 from reinf.errors import BadInput, ModelError
-from reinf.modeling import load_model, render_chat
+from reinf.model.modeling import load_model, render_chat
+from reinf.serving.engine import Engine
 from tiny import make_adapter, make_tiny_model
 
 pytestmark = pytest.mark.e2e
@@ -164,8 +165,12 @@ def test_a_swap_requested_during_a_reply_waits_for_its_end(engine, models, monke
     waiter = threading.Thread(target=lambda: (engine.request_swap("ckpt-a", models["a"]),
                                               swapped.set()))
     waiter.start()
-    assert not swapped.wait(0.3)
-    assert engine.active_checkpoint_id is None and waiter.is_alive()
+    deadline = time.monotonic() + 10
+    while engine.describe()["swaps_waiting"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.describe()["swaps_waiting"] == 1   # requested, and it waits for the reply
+    assert not swapped.is_set() and waiter.is_alive()
+    assert engine.active_checkpoint_id is None
     gate.set()
     reply = stream.wait(30)
     assert swapped.wait(10) and engine.active_checkpoint_id == "ckpt-a"
@@ -296,7 +301,7 @@ def test_remote_code_is_off_unless_configured(models, config, tmp_path):
 
 
 def test_quantization_without_cuda_loads_unquantized_and_says_so(models, config, store):
-    from reinf.status import collect_status
+    from reinf.daemon.status import collect_status
 
     cfg = config.replace(model_path=str(models["tiny"]), quantization="4bit")
     engine = Engine.load(cfg)

@@ -51,7 +51,7 @@ def one_line_errors(home: Path, commands: list[tuple[str, ...]], **kwargs) -> di
 def make_db(home: Path, turns: int = 60) -> dict[int, int]:
     """A data directory with ``turns`` turns, every other one rated; returns the ratings."""
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
     ratings, conv = {}, None
@@ -157,8 +157,8 @@ def test_db_recover_keeps_the_pairs_whose_turns_came_back_and_drops_the_others(h
     every one). A pair that names a turn lost with the damaged page goes: a placeholder turn
     would stand for a reply nobody wrote, and the pair would teach a preference about it."""
     from reinf.config import load_config
-    from reinf.recover import recover
-    from reinf.store import Store
+    from reinf.storage.recover import recover
+    from reinf.storage.store import Store
 
     make_db(home, turns=80)
     store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
@@ -274,7 +274,7 @@ def test_a_kill_at_any_point_of_promotion_never_leaves_an_active_checkpoint_unfi
     was committed, the active checkpoint's run has succeeded (or nothing is active)."""
     from sqlalchemy import event
 
-    from reinf.store import Store
+    from reinf.storage.store import Store
     from reinf.training import checkpoints
     from reinf.training.trainer import promote
 

@@ -18,10 +18,10 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 import test_concurrency
-from reinf import db
 from reinf.errors import BadInput, StoreError
-from reinf.schema import Base, utcnow
-from reinf.store import Store
+from reinf.storage import db
+from reinf.storage.schema import Base, utcnow
+from reinf.storage.store import Store
 from unit import test_forget_export as forget_tests
 from unit import test_migrations as migration_tests
 from unit import test_pairs_store as pair_tests
@@ -141,7 +141,7 @@ def test_a_failing_migration_changes_nothing_and_lets_the_next_start_try_again(d
     engine.dispose()
 
 
-STARTER = "import sys; from reinf.store import Store; Store(sys.argv[1]).close()"
+STARTER = "import sys; from reinf.storage.store import Store; Store(sys.argv[1]).close()"
 
 
 def test_processes_starting_at_once_on_an_empty_database_all_migrate(db_url):

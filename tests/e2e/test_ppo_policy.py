@@ -8,7 +8,7 @@ from peft import LoraConfig, get_peft_model
 
 import trainkit as tk
 from reinf.training.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, train_policy,
-                       update_mode)
+                                update_mode)
 
 pytestmark = pytest.mark.e2e
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
@@ -181,9 +181,9 @@ def test_engine_replies_reproduce_their_logprobs_in_the_trainer(home, model_dir)
     """The contract between engine and trainer: a reply's stored behaviour log-probs are
     what the trainer's forward gives under the adapter that sampled it (ratio 1), and
     replies from an older adapter are seen as off-policy."""
-    from reinf.chat import ChatService
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
     from reinf.training.session import build_session, select_episodes
     from reinf.training.trainer import train_round
 
@@ -264,7 +264,7 @@ def test_unusable_samples_are_skipped_and_counted(model_dir):
     from datetime import datetime, timezone
     from types import SimpleNamespace
 
-    from reinf.modeling import get_context_limit
+    from reinf.model.modeling import get_context_limit
     from reinf.records import Sample
     from reinf.training.session import select_episodes
 

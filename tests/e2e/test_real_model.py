@@ -38,7 +38,7 @@ SMALL_ROUND = {
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
     from reinf.errors import ModelError
-    from reinf.models import pull
+    from reinf.catalog import pull
 
     data_dir = tmp_path_factory.mktemp("real-model")
     try:
@@ -65,7 +65,7 @@ def test_the_pulled_model_is_a_plain_hugging_face_directory(smollm2):
 
 def test_a_named_model_that_is_not_pulled_says_how_to_get_it(config):
     from reinf.errors import ModelError
-    from reinf.modeling import load_model
+    from reinf.model.modeling import load_model
 
     with pytest.raises(ModelError) as err:
         load_model(config.replace(model_path=NAME))
@@ -76,7 +76,7 @@ def test_chat_rate_train_swap_chat_on_the_real_model(smollm2, home, servers, tmp
     from test_browser import build_driver, reply_text, send, wait
 
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     (home / "models").mkdir(parents=True)
     (home / "models" / NAME).symlink_to(smollm2)  # model_path: smollm2-135m resolves here

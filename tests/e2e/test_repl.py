@@ -14,9 +14,9 @@ import pytest
 
 from conftest import clean_env
 from reinf.cli.chat import TURN_FIELDS
+from reinf.cli.repl import LEAVE_HINT, RATE_PROMPT, USER_PROMPT
 from reinf.config import load_config
-from reinf.repl import LEAVE_HINT, RATE_PROMPT, USER_PROMPT
-from reinf.store import Store
+from reinf.storage.store import Store
 from tiny import make_adapter, make_tiny_model
 from webui_fakes import FakeChatService
 from webui_fakes import app, build_daemon, daemon, live  # noqa: F401 - fixtures
@@ -293,7 +293,7 @@ def test_replies_echoed_on_the_terminal_carry_no_escape(live, invoke, store, con
     import io
 
     from reinf.client import HttpBackend
-    from reinf.repl import Repl
+    from reinf.cli.repl import Repl
 
     result = invoke("chat", "--url", live.url, "--once", HOSTILE)
     assert result.exit_code == 0, result.output

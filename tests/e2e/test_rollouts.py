@@ -18,14 +18,14 @@ pytestmark = pytest.mark.e2e
 def demo_model():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reinf.location import PROJECT_ROOT
+    from reinf.catalog import PROJECT_ROOT
 
     path = PROJECT_ROOT / "models" / "reinf-demo"
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
-    from reinf.modeling import build_prompt_ids
+    from reinf.model.modeling import build_prompt_ids
 
     return build_prompt_ids(tokenizer, [], text, max_history=0, max_context_tokens=512,
                             max_new_tokens=128)
@@ -128,9 +128,9 @@ def test_the_rating_model_round_trips_through_its_state_dict():
 def rate_demo_turns(config, store, n: int, seed: int = 0) -> None:
     """``n`` turns from the demo model through the real chat path, rated by a simulated
     person who likes terse replies (5) and dislikes chatty ones (1)."""
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from reinf.demo.corpus import sample_prompts
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
 
     engine = Engine.load(config)
     chat = ChatService(engine, store, config)
@@ -182,14 +182,14 @@ def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
     assert (tk.lora_vector(active.path).abs() > 0).any()  # LoRA B starts at zero: it moved
     from reinf.training.checkpoints import load_rating_model
     assert load_rating_model(active.path) is not None
-    from reinf.location import PROJECT_ROOT
+    from reinf.catalog import PROJECT_ROOT
     tuned = tk.load_policy(PROJECT_ROOT / "models" / "reinf-demo", active.path)
     after = style_margin(tuned, tokenizer, pairs)
     assert after > before + 0.05, (before, after)  # terse replies: relatively more likely
 
 
 def test_cold_start_trains_on_rated_replies_and_says_why(config, store):
-    from reinf.status import collect_status
+    from reinf.daemon.status import collect_status
     from reinf.training.trainer import train_round
 
     rate_demo_turns(config, store, 5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reinf.location import PROJECT_ROOT
+from reinf.catalog import PROJECT_ROOT
 
 DEMO = PROJECT_ROOT / "models" / "reinf-demo"
 pytestmark = [pytest.mark.e2e,
@@ -15,14 +15,14 @@ pytestmark = [pytest.mark.e2e,
 
 @pytest.fixture
 def loaded(config):
-    from reinf.modeling import load_model
+    from reinf.model.modeling import load_model
 
     return load_model(config.replace(model_path="reinf-demo"))
 
 
 @pytest.fixture
 def engine(loaded, config):
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
 
     return Engine(loaded, config.replace(model_path="reinf-demo"))
 

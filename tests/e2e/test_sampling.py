@@ -1,4 +1,4 @@
-"""The one scoring path (reinf.sampling.token_logprobs) against the plain definition, on
+"""The one scoring path (reinf.model.sampling.token_logprobs) against the plain definition, on
 tiny random models: left padding, per-row temperatures, the model's own soft cap, the
 hand-written backward, and the exact KL."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reinf.sampling import _LogProbAt, kl_per_token, token_logprobs
+from reinf.model.sampling import _LogProbAt, kl_per_token, token_logprobs
 from reinf.training.ppo import build_rollout
 
 pytestmark = pytest.mark.e2e
@@ -107,12 +107,12 @@ def test_kl_per_token_is_the_exact_kl_and_zero_against_itself():
 
 
 def test_a_served_adapter_has_no_dropout(tmp_path):
-    """The engine's adapters (reinf.adapters) come from checkpoints saved with
+    """The engine's adapters (reinf.model.adapters) come from checkpoints saved with
     lora.dropout 0.05; new LoRA layers start in train mode. Served, they must not drop
     anything: two forwards agree, and agree with plain PEFT in eval mode."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    from reinf.adapters import Adapters, read_adapter
+    from reinf.model.adapters import Adapters, read_adapter
 
     trained = get_peft_model(tiny("llama"), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5,
                                                        target_modules=["q_proj", "v_proj"]))

@@ -33,9 +33,9 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def setup(home, model_dir):
     """(config with a system_prompt, store, engine, ChatService)."""
-    from reinf.chat import ChatService
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
 
     config = tk.train_config(home, model_dir, system_prompt=SYSTEM, max_new_tokens=6)
     store = Store.open(config)
@@ -45,7 +45,7 @@ def setup(home, model_dir):
 
 
 def test_the_configs_system_prompt_is_copied_into_each_new_conversation(setup):
-    from reinf.chat import ChatService
+    from reinf.serving.chat import ChatService
     from reinf.errors import Conflict
 
     config, store, engine, chat = setup
@@ -90,9 +90,9 @@ def test_training_replays_the_stored_prompt_ids_that_hold_the_system_prompt(home
     """The round's fresh replies are sampled for the stored prompt ids (the system text
     included), never a prompt rebuilt from the text."""
     import reinf.training.rollouts as rollouts
-    from reinf.chat import ChatService
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
     from reinf.training.trainer import train_round
 
     config = tk.train_config(home, model_dir, system_prompt=SYSTEM, max_new_tokens=6,
@@ -130,9 +130,9 @@ def test_training_replays_the_stored_prompt_ids_that_hold_the_system_prompt(home
 
 def test_the_web_and_openai_apis_put_the_system_prompt_in_the_stored_prompt(
         home, model_dir, build_daemon):
-    from reinf.chat import ChatService
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
     from webui import create_app
 
     config = tk.train_config(home, model_dir, max_new_tokens=6)

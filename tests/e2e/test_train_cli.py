@@ -9,7 +9,7 @@ import yaml
 import trainkit as tk
 from conftest import REPO, clean_env
 from reinf.config import load_config
-from reinf.store import Store
+from reinf.storage.store import Store
 from reinf.training.outcome import RoundOutcome
 
 pytestmark = pytest.mark.e2e
@@ -118,7 +118,7 @@ def test_child_process_same_behaviour(home, model_dir):
 
 
 def test_one_round_at_a_time(home, model_dir, invoke):
-    from reinf.lock import acquire_train_lock
+    from reinf.daemon.lock import acquire_train_lock
 
     config = write_config(home, model_dir)
     add_turns(config, model_dir, n=2)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import trainkit as tk
-from reinf.training import checkpoints
 from reinf.errors import BadInput, HookError, ModelError
-from reinf.store import Store
+from reinf.storage.store import Store
+from reinf.training import checkpoints
 from reinf.training.session import build_session
 from reinf.training.trainer import NothingToTrain, train_round
 
@@ -180,17 +180,17 @@ def test_skipped_samples_are_counted(home, model_dir):
 
 
 def test_poisoned_round_is_rejected_and_never_activated(home, model_dir, monkeypatch):
-    import reinf.rewards
+    import reinf.rewards.mapper
 
     config = tk.train_config(home, model_dir)
     store = Store.open(config)
     tk.add_rated_turns(store, tk.load_policy(model_dir), 8, seed=0)
-    real = reinf.rewards.compute_rewards
+    real = reinf.rewards.mapper.compute_rewards
 
     def poisoned(*args, **kwargs):
         return [dataclasses.replace(row, reward=float("nan")) for row in real(*args, **kwargs)]
 
-    monkeypatch.setattr(reinf.rewards, "compute_rewards", poisoned)
+    monkeypatch.setattr(reinf.rewards.mapper, "compute_rewards", poisoned)
     result = train_round(config, store)
     assert result.status == "rejected" and "NaN" in result.message
     row = store.get_checkpoint(result.checkpoint_id)
@@ -279,7 +279,7 @@ def test_round_on_a_4bit_base(home, tmp_path):
 
 
 def test_max_train_tokens_skips_longer_turns_the_model_could_read(home, model_dir):
-    """training.max_train_tokens bounds the rows a round reads (its memory, reinf.memory):
+    """training.max_train_tokens bounds the rows a round reads (its memory, reinf.model.memory):
     a rated turn within the model's context but over that bound is skipped as too long."""
     config = tk.train_config(home, model_dir).replace(training_max_train_tokens=64)
     store = Store.open(config)

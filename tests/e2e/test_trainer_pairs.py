@@ -62,7 +62,7 @@ def text_pair(store, outcome: str, *, a=None, b=None, prompt_turn_id=None, promp
 
 
 def test_a_round_reads_the_picks_and_measures_what_changed(home, model_dir):
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     config = rollout_config(home, model_dir)
     store = Store.open(config)
@@ -120,7 +120,7 @@ def test_the_picks_rule_continues_from_the_parent(home, model_dir):
     """Round 2's checkpoint lost 2 of 3 blind picks against its parent (round 1's): round 3
     continues from round 1's checkpoint (its state: round counter 1 -> 2), and the picks
     rule says so; the passed-over checkpoint stays, inactive."""
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     config = tk.train_config(home, model_dir)
     store = Store.open(config)
@@ -150,7 +150,7 @@ def test_the_picks_rule_continues_from_the_parent(home, model_dir):
 def test_a_pick_forgotten_while_the_round_ran_is_not_promoted(home, model_dir, monkeypatch):
     """A pick on a typed prompt holds no turn, so the store's own check cannot see it go:
     the round checks its picks are all still there before promoting."""
-    from reinf.store import Store
+    from reinf.storage.store import Store
     from reinf.training import trainer
 
     config = rollout_config(home, model_dir, training_winrate_prompts=0)

@@ -4,7 +4,7 @@ model with its family's chat template, through chat -> rate -> train -> swap -> 
 Each family also checks the log-prob invariant PPO rests on: re-forwarding a sampled reply
 with ``Policy.forward`` under the adapter that sampled it reproduces the behaviour log-probs
 the engine stored (fp32 on the CPU: max abs error ``LOGP_TOL``). Sampling and scoring both
-call the model's own forward (reinf.sampling), so whatever a family does to its logits holds
+call the model's own forward (reinf.model.sampling), so whatever a family does to its logits holds
 on both sides; Gemma 2 and Gemma 3 get a final-logit soft cap of 0.05 to show it.
 
 The models are built once per module (hidden 64, 2 layers, the tiny BPE vocabulary of
@@ -201,9 +201,9 @@ def replay_logprobs(model_dir, checkpoint, turn) -> tuple[torch.Tensor, torch.Te
 
 @pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
 def test_chat_rate_train_swap_chat(family, zoo, home):
-    from reinf.chat import ChatService
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
     from reinf.training.trainer import train_round
 
     model_dir = model_dir_of(zoo, family)
@@ -255,8 +255,8 @@ def test_two_stop_ids_from_generation_config(zoo, home):
     Llama made to always say <|eot_id|> stops there at once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reinf.engine import Engine
-    from reinf.sampling import eos_token_ids
+    from reinf.serving.engine import Engine
+    from reinf.model.sampling import eos_token_ids
 
     src = model_dir_of(zoo, FAMILIES[0])
     model = AutoModelForCausalLM.from_pretrained(src)
@@ -282,10 +282,10 @@ def test_two_stop_ids_from_generation_config(zoo, home):
 def test_targets_that_do_not_fit_are_reported_before_training(zoo, home):
     """GPT-2 has no q_proj/v_proj (the old default): the engine's warnings and `reinf status`
     say so with the names it does have, and a round stops before training."""
-    from reinf.engine import Engine
+    from reinf.serving.engine import Engine
     from reinf.errors import ConfigError
-    from reinf.status import collect_status
-    from reinf.store import Store
+    from reinf.daemon.status import collect_status
+    from reinf.storage.store import Store
     from reinf.training.trainer import train_round
 
     model_dir = model_dir_of(zoo, FAMILIES[8])
@@ -315,7 +315,7 @@ def test_targets_that_do_not_fit_are_reported_before_training(zoo, home):
 def test_all_linear_and_changed_targets(zoo, home):
     """all-linear adapts every Linear/Conv1D but the LM head; a later setting that selects
     the same layers under another spelling is no change, one that selects others is."""
-    from reinf.store import Store
+    from reinf.storage.store import Store
     from reinf.training.session import build_session
     from reinf.training.trainer import train_round
 
@@ -363,7 +363,7 @@ def family_tokenizer(family: Family, template: str | None = None):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
 def test_a_template_with_a_system_role_gets_the_system_prompt_as_a_system_turn(family):
-    from reinf.modeling import render_chat
+    from reinf.model.modeling import render_chat
 
     tok = family_tokenizer(family)
     ids = render_chat(tok, [("Hello, how are you today?", "Fine.")], "Why is the sky blue?",
@@ -387,7 +387,7 @@ def test_a_template_with_a_system_role_gets_the_system_prompt_as_a_system_turn(f
     (MISTRAL_AS_SHIPPED, MISTRAL_SPECIALS, "<s>[INST] ")], ids=["gemma", "mistral"])
 def test_a_template_that_refuses_the_system_role_gets_it_in_the_first_user_message(
         template, specials, first_user):
-    from reinf.modeling import build_prompt_ids
+    from reinf.model.modeling import build_prompt_ids
 
     tok = build_chat_tokenizer(template, list(specials), eos=specials[2], pad=specials[0])
     history = [("Hello, how are you today?", "Fine."), ("Tell me about the weather.", "Sunny.")]
@@ -404,9 +404,9 @@ def test_gemma_folds_the_system_prompt_into_every_stored_prompt_and_says_so_once
     starts with the system prompt inside the first user message; the log says so once."""
     import logging
 
-    from reinf.chat import ChatService
-    from reinf.engine import Engine
-    from reinf.store import Store
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
 
     gemma = dataclasses.replace(next(f for f in FAMILIES if f.name == "gemma"),
                                 name="gemma-as-shipped", chat_template=GEMMA_AS_SHIPPED)
@@ -414,7 +414,7 @@ def test_gemma_folds_the_system_prompt_into_every_stored_prompt_and_says_so_once
     store = Store.open(config)
     engine = Engine.load(config)
     chat = ChatService(engine, store, config)
-    caplog.set_level(logging.INFO, logger="reinf.modeling")
+    caplog.set_level(logging.INFO, logger="reinf.model.modeling")
     conv = None
     for message in MESSAGES[:3]:
         turn = chat.send(message, conversation_id=conv)

@@ -11,10 +11,10 @@ import itertools
 
 import pytest
 
-from reinf.chat import ChatService
-from reinf.engine import Engine, Reply, ReplyStream
+from reinf.cli.repl import PICK_PROMPT, RATE_PROMPT, USER_PROMPT, LocalBackend, Repl
 from reinf.errors import Conflict, NotFound
-from reinf.repl import PICK_PROMPT, RATE_PROMPT, USER_PROMPT, LocalBackend, Repl
+from reinf.serving.chat import ChatService
+from reinf.serving.engine import Engine, Reply, ReplyStream
 from tiny import build_tiny_tokenizer
 from webui_fakes import build_daemon, daemon, parse_sse  # noqa: F401 - fixtures
 

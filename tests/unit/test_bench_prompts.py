@@ -11,11 +11,11 @@ from collections import Counter
 import pytest
 
 from reinf.bench.learn import LearnPlan, format_prompts, plan_prompts
-from reinf.bench.prompts import (CATEGORIES, PROBE_SHARE, Prompt, build_prompt_plan,
-                                 check_disjoint, demo_training_prompts, in_probe, load_builtin,
-                                 load_prompt_file, normalise, order_probe, repeat_to,
-                                 split_prompts, stream_prompts, unique)
-from reinf.location import PROJECT_ROOT
+from reinf.bench.prompts import (CATEGORIES, PROBE_SHARE, Prompt, build_prompt_plan, check_disjoint,
+                                 demo_training_prompts, in_probe, load_builtin, load_prompt_file,
+                                 normalise, order_probe, repeat_to, split_prompts, stream_prompts,
+                                 unique)
+from reinf.catalog import PROJECT_ROOT
 from reinf.demo.corpus import generate_corpus, sample_prompts, split_corpus
 from reinf.errors import BadInput
 

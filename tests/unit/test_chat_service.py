@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from reinf.chat import ChatService
-from reinf.engine import Engine, Reply, ReplyStream
+from reinf.cli.repl import (LEAVE_HINT, MORE_PROMPT, RATE_PROMPT, USER_PROMPT, LocalBackend, Repl,
+                            parse_rating)
 from reinf.errors import BadInput, ModelError, NotFound
-from reinf.repl import (LEAVE_HINT, MORE_PROMPT, RATE_PROMPT, USER_PROMPT, LocalBackend,
-                        Repl, parse_rating)
+from reinf.serving.chat import ChatService
+from reinf.serving.engine import Engine, Reply, ReplyStream
 from tiny import build_tiny_tokenizer
 
 
@@ -345,7 +345,7 @@ class TokenEngine(ScriptedEngine):
         self.hold = hold  # end only when stopped: the turn is stored after the cut
 
     def stream_prompt(self, prompt_ids, params, *, on_finish=None):
-        from reinf.modeling import Detokenizer
+        from reinf.model.modeling import Detokenizer
 
         def run(stream: ReplyStream) -> Reply:
             text = Detokenizer(self.tokenizer)

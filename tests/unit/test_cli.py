@@ -14,7 +14,7 @@ from conftest import clean_env
 @pytest.fixture
 def seeded(invoke, home):
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     assert invoke("init", "--skip-model").exit_code == 0
     store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
@@ -75,7 +75,7 @@ def test_bad_input_is_one_clear_line_without_traceback(invoke, seeded, args, wor
 
 def open_store(home):
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     return Store.open(load_config(environ={"REINF_HOME": str(home)}))
 
@@ -160,7 +160,7 @@ def test_read_only_commands_never_create_or_migrate_a_database(invoke, home, tmp
     point at (another application's, an empty one, an older Reinf's)."""
     import sqlite3
 
-    from reinf import db
+    from reinf.storage import db
     from reinf.config import load_config
 
     def tables(path):
@@ -206,7 +206,7 @@ def test_read_only_commands_never_create_or_migrate_a_database(invoke, home, tmp
 
 
 def open_store_unmigrated(config):
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     return Store.open(config, migrate=False)
 
@@ -228,11 +228,12 @@ def test_config_show_marks_where_each_value_came_from(invoke, home, monkeypatch)
 
 def test_status_says_scheduled_training_is_off_under_no_train(invoke, seeded, monkeypatch):
     """Under `reinf serve --no-train`, status used to imply a round would come."""
-    import reinf.remote
+    import reinf.daemon.remote
 
     schedule = {"scheduling": False, "next_run": None, "training": False, "warnings": []}
-    monkeypatch.setattr(reinf.remote, "locate_server", lambda config: {"running": True, "pid": 7})
-    monkeypatch.setattr(reinf.remote, "fetch_schedule", lambda config: schedule)
+    monkeypatch.setattr(reinf.daemon.remote, "locate_server",
+                        lambda config: {"running": True, "pid": 7})
+    monkeypatch.setattr(reinf.daemon.remote, "fetch_schedule", lambda config: schedule)
     out = invoke("status").output
     assert "next run:           none: scheduled training is off (reinf serve --no-train)" in out
     assert "ratings waiting:    0 (scheduled training off)" in out
@@ -327,7 +328,7 @@ def test_ctrl_c_before_the_first_token_stops_only_the_reply():
     import io
     import signal
 
-    from reinf.repl import Repl
+    from reinf.cli.repl import Repl
 
     backend, out = _SlowToStart(), io.StringIO()
     backend.forgotten = []
@@ -366,7 +367,7 @@ def test_status_prints_the_memory_plan_and_warns_before_a_round_would_fail(
     """From the demo model's config.json, no model load: server + trainer against the RAM."""
     import torch
 
-    import reinf.memory
+    import reinf.model.memory
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
@@ -379,7 +380,7 @@ def test_status_prints_the_memory_plan_and_warns_before_a_round_would_fail(
     assert f"\nmemory plan:        {plan['summary']}\n" in out
     assert "warning: a training round" not in out
 
-    monkeypatch.setattr(reinf.memory, "physical_memory", lambda: (2 * 2 ** 30, None))
+    monkeypatch.setattr(reinf.model.memory, "physical_memory", lambda: (2 * 2 ** 30, None))
     monkeypatch.setenv("REINF_BATCH_SIZE", "64")  # a 2 GiB machine, minibatches of 64 rows
     out = invoke("status").output
     assert "peak of 2.0 GiB on cpu — will not fit (minibatches of 64 x 512 tokens)\n" in out
@@ -406,7 +407,7 @@ def test_unwritable_files_and_a_locked_database_are_one_line(runner, seeded, hom
     import errno
     import sqlite3
 
-    import reinf.status
+    import reinf.daemon.status
     from sqlalchemy.exc import OperationalError
 
     from reinf.cli import main
@@ -415,7 +416,7 @@ def test_unwritable_files_and_a_locked_database_are_one_line(runner, seeded, hom
 
     def fail(*args, **kwargs):
         raise raised[-1]
-    monkeypatch.setattr(reinf.status, "collect_status", fail)
+    monkeypatch.setattr(reinf.daemon.status, "collect_status", fail)
     log = home / "logs" / "reinf.log"
     raised.append(PermissionError(errno.EACCES, "Permission denied", str(log)))
     result = runner.invoke(main, ["status"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from reinf.catalog import PROJECT_ROOT, resolve_model_path
 from reinf.config import Config, load_config, render_yaml, settings
 from reinf.errors import ConfigError
-from reinf.location import PROJECT_ROOT, resolve_model_path
 
 
 def write(path, text):
@@ -344,7 +344,7 @@ def test_invalid_yaml_is_one_line_with_the_line_number(tmp_path, home, text, lin
 
 
 def test_a_named_model_brings_its_defaults_under_everything_a_person_sets(tmp_path):
-    from reinf.models import KNOWN_MODELS
+    from reinf.catalog import KNOWN_MODELS
 
     preset = KNOWN_MODELS["smollm2-135m"].settings
     assert preset["ppo_epochs"] != 4  # the test means something: it differs from the default

@@ -5,10 +5,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from reinf.critics import (BUILTIN, combine, critic_format, critic_length, critic_repetition,
-                           enabled, format_problems)
 from reinf.records import Sample
-from reinf.rewards import compute_rewards
+from reinf.rewards.critics import (BUILTIN, combine, critic_format, critic_length,
+                                   critic_repetition, enabled, format_problems)
+from reinf.rewards.mapper import compute_rewards
 
 NOW = datetime(2025, 6, 1, tzinfo=timezone.utc)
 META = {"settings": {"length_target_chars": 100}}

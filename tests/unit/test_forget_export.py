@@ -6,7 +6,7 @@ import json
 import pytest
 
 from reinf.errors import NotFound
-from reinf.export import export_rows
+from reinf.storage.export import export_rows
 
 SECRET = "my-bank-pin-is-4921"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from reinf import hooks
 from reinf.errors import HookError
-from reinf.rewards import (FAILURE_FILE, check_hook, compute_rewards, hook_status, hook_template,
-                           preview)
+from reinf.rewards import hooks
+from reinf.rewards.mapper import (FAILURE_FILE, check_hook, compute_rewards, hook_status,
+                                  hook_template, preview)
 
 
 def write(path: Path, text: str) -> Path:
@@ -174,13 +174,13 @@ def test_a_broken_hook_stops_training_with_a_clear_error(mode, hooked, hook, sto
     where = f"{hook.resolve()}:{line}:" if line else f"{hook.resolve()}:"
 
     started = time.monotonic()
-    with caplog.at_level(logging.ERROR, logger="reinf.rewards"):
+    with caplog.at_level(logging.ERROR, logger="reinf.rewards.mapper"):
         with pytest.raises(HookError) as err:
             compute_rewards(cfg, store.training_samples(100))
     assert time.monotonic() - started < 8  # the child's own timer, not the parent's slack
     assert f"reward hook {where}" in err.value.message and needle in err.value.message
     assert "training is paused" in str(err.value)
-    assert any(needle in r.getMessage() for r in caplog.records if r.name == "reinf.rewards")
+    assert any(needle in r.getMessage() for r in caplog.records if r.name == "reinf.rewards.mapper")
 
     status = hook_status(cfg)
     assert not status["ok"] and status["path"] == str(hook.resolve())
@@ -310,8 +310,8 @@ def test_a_hung_hook_dies_with_a_killed_caller(home, tmp_path):
         """)
     caller = textwrap.dedent(f"""
         from reinf.config import load_config
-        from reinf.rewards import compute_rewards
-        from reinf.store import Store
+        from reinf.rewards.mapper import compute_rewards
+        from reinf.storage.store import Store
         cfg = load_config(environ={{"REINF_HOME": {str(home)!r}}}).replace(
             reward_mapper="reward_mapper.py:reward_mapper", hook_timeout_seconds=300)
         store = Store.open(cfg)

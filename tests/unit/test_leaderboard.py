@@ -1,5 +1,5 @@
-"""What the person's picks say about checkpoints (reinf.leaderboard): Bradley-Terry scores on
-hand-made pairs, the record against the base, the picks rule of the gate, the status line
+"""What the person's picks say about checkpoints (reinf.training.leaderboard): Bradley-Terry
+scores on hand-made pairs, the record against the base, the picks rule of the gate, the status line
 and GET /api/leaderboard. A real SQLite store; no model."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from reinf.leaderboard import (BASE, build_leaderboard, choose_start, fit_scores, games,
-                               picks_vs_base, tally)
+from reinf.training.leaderboard import (BASE, build_leaderboard, choose_start, fit_scores, games,
+                                        picks_vs_base, tally)
 from webui_fakes import build_daemon, client, daemon, fake_chat, app  # noqa: F401 - fixtures
 
 
@@ -151,7 +151,7 @@ def test_the_walk_stops_at_a_parent_whose_files_are_gone(store):
 
 def test_the_status_line(store, config):
     from reinf.cli.system import _print_status
-    from reinf.status import collect_status, describe_vs_base
+    from reinf.daemon.status import collect_status, describe_vs_base
 
     assert describe_vs_base("r0007-20261125-030648-8ce1",
                             {"win_rate": 0.62, "prompts": 16}, {

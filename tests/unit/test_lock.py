@@ -15,15 +15,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import clean_env
+from reinf.daemon.lock import acquire_lock, lock_path
+from reinf.daemon.remote import (Unreachable, build_url, fetch_schedule, find_server, locate_server,
+                                 notify_rollback, probe_server, request_train)
 from reinf.errors import Conflict, ReinfError
-from reinf.lock import acquire_lock, lock_path
-from reinf.remote import (Unreachable, build_url, fetch_schedule, find_server, locate_server,
-                          notify_rollback, probe_server, request_train)
 
 HOLDER = textwrap.dedent("""
     import sys
     from reinf.config import load_config
-    from reinf.lock import acquire_lock
+    from reinf.daemon.lock import acquire_lock
     lock = acquire_lock(load_config(), url="http://127.0.0.1:9999/")
     print("locked", flush=True)
     sys.stdin.readline()  # hold it until told (or killed)
@@ -339,7 +339,7 @@ def test_find_server_tries_this_directorys_server_then_the_configured_address(co
 def test_the_train_lock_waits_only_as_long_as_asked(config):
     """One acquire_train_lock for the daemon's worker, `reinf train` and the benchmark:
     ``wait`` is how long it retries while another round holds the lock."""
-    from reinf.lock import acquire_train_lock, train_lock_holder
+    from reinf.daemon.lock import acquire_train_lock, train_lock_holder
 
     held = acquire_train_lock(config, trigger="schedule")
     assert held is not None and train_lock_holder(config) == os.getpid()

@@ -1,4 +1,4 @@
-"""The memory plan of a round (reinf.memory) from config.json alone, the trainer's base
+"""The memory plan of a round (reinf.model.memory) from config.json alone, the trainer's base
 quantization it decides, and the trainer's refusal of fp16 on GPUs without bf16."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
-from reinf.memory import (FITS, GIB, TIGHT, UNKNOWN, WONT, physical_memory, plan_memory,
-                          trainer_quantization)
-from reinf.shape import load_shape
+from reinf.model.memory import (FITS, GIB, TIGHT, UNKNOWN, WONT, physical_memory, plan_memory,
+                                trainer_quantization)
+from reinf.model.shape import load_shape
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied, context, type)
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, True, 32768, "qwen2"),
@@ -130,13 +130,13 @@ def test_auto_keeps_the_base_unquantized(config, tmp_path, gib, device, bnb, why
 
 
 def test_the_trainer_asks_the_plan_only_under_auto(config, tmp_path, monkeypatch):
-    import reinf.memory
+    import reinf.model.memory
 
     model = str(write_model(tmp_path, "llama-3-8b"))
-    monkeypatch.setattr(reinf.memory, "device_memory", lambda device: (32 * GIB, None))
-    monkeypatch.setattr(reinf.memory, "_cuda_bf16", lambda: True)
-    monkeypatch.setattr(reinf.memory, "_has_bitsandbytes", lambda: True)
-    monkeypatch.setattr(reinf.memory, "planned_device", lambda setting: "cuda")
+    monkeypatch.setattr(reinf.model.memory, "device_memory", lambda device: (32 * GIB, None))
+    monkeypatch.setattr(reinf.model.memory, "_cuda_bf16", lambda: True)
+    monkeypatch.setattr(reinf.model.memory, "_has_bitsandbytes", lambda: True)
+    monkeypatch.setattr(reinf.model.memory, "planned_device", lambda setting: "cuda")
     auto = config.replace(model_path=model, **AUTO)
     quant, why = trainer_quantization(auto)
     assert quant == "4bit" and why.startswith("training.base_quantization auto: ")
@@ -148,17 +148,17 @@ def test_the_trainer_asks_the_plan_only_under_auto(config, tmp_path, monkeypatch
 
 
 def test_load_base_loads_what_the_plan_chose_and_says_why(config, monkeypatch):
-    import reinf.memory
-    import reinf.modeling
+    import reinf.model.memory
+    import reinf.model.modeling
     from reinf.training.session import load_base
 
     seen = {}
 
     def fake_load(cfg, *, device=None, for_training=False, quantization=None):
         seen.update(device=device, for_training=for_training, quantization=quantization)
-        return reinf.modeling.LoadedModel(None, None, "cuda", None, quantization, "m", [])
-    monkeypatch.setattr(reinf.modeling, "load_model", fake_load)
-    monkeypatch.setattr(reinf.memory, "trainer_quantization",
+        return reinf.model.modeling.LoadedModel(None, None, "cuda", None, quantization, "m", [])
+    monkeypatch.setattr(reinf.model.modeling, "load_model", fake_load)
+    monkeypatch.setattr(reinf.model.memory, "trainer_quantization",
                         lambda cfg: ("4bit", "training.base_quantization auto: why"))
     loaded = load_base(config, "cuda")
     assert seen == {"device": "cuda", "for_training": True, "quantization": "4bit"}
@@ -227,7 +227,7 @@ def test_bf16_means_compute_capability_8_or_newer(monkeypatch, capability, bf16)
     """torch.cuda.is_bf16_supported() also says yes where bf16 is only emulated (a T4)."""
     import torch
 
-    from reinf.modeling import cuda_facts
+    from reinf.model.modeling import cuda_facts
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
@@ -241,7 +241,7 @@ def test_training_in_fp16_on_a_gpu_without_bf16_is_refused_in_one_line():
     import torch
 
     from reinf.errors import ModelError
-    from reinf.modeling import plan_load
+    from reinf.model.modeling import plan_load
 
     gpu = "Tesla T4 (compute capability 7.5)"
     serve = plan_load("auto", "auto", "none", cuda=True, mps=False, bf16=False, gpu=gpu)

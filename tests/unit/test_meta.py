@@ -7,9 +7,9 @@ import subprocess
 import click
 import pytest
 
+from reinf.catalog import PROJECT_ROOT
 from reinf.cli import main
 from reinf.config import settings
-from reinf.location import PROJECT_ROOT
 
 README = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
 CONFIG_YAML = (PROJECT_ROOT / "config.yaml").read_text(encoding="utf-8")
@@ -158,3 +158,37 @@ def test_the_design_page_exists_and_the_readme_links_it():
     assert cited, "nothing cites docs/design.md §N: the scan finds nothing"
     assert not {n: name for n, name in cited.items() if n not in sections}, \
         f"cited sections missing from docs/design.md: {cited}"
+
+
+# The packages of reinf from the top down (docs/architecture.md, "Layers"): each imports only
+# what is below it. The top-level modules (config, catalog, errors, records, logs) are the floor.
+LAYERS = ["cli", "bench", "demo", "webui", "client", "daemon", "serving", "training", "storage",
+          "rewards", "model", "floor"]
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "webui":
+        return "webui"
+    name = parts[1] if len(parts) > 1 else ""
+    if name == "__main__":      # `python -m reinf` is the command line
+        return "cli"
+    return name if name in LAYERS else "floor"
+
+
+def test_the_packages_import_only_downwards():
+    files = [*sorted((PROJECT_ROOT / "reinf").rglob("*.py")),
+             *sorted((PROJECT_ROOT / "webui").rglob("*.py"))]
+    seen, upward = set(), {}
+    for path in files:
+        rel = path.relative_to(PROJECT_ROOT).with_suffix("")
+        own = _layer(".".join(rel.parts))
+        seen.add(own)
+        for name in _imports(path):
+            if not (name.startswith("reinf.") or name.startswith("webui")):
+                continue
+            target = _layer(name)
+            if target != own and LAYERS.index(target) < LAYERS.index(own):
+                upward.setdefault(str(rel), []).append(name)
+    assert seen == set(LAYERS), "every layer has modules (the walk found them all)"
+    assert not upward, upward

@@ -8,10 +8,10 @@ import sqlite3
 import pytest
 from sqlalchemy import inspect, text
 
-from reinf import db
 from reinf.errors import StoreError
-from reinf.schema import Base
-from reinf.store import Store
+from reinf.storage import db
+from reinf.storage.schema import Base
+from reinf.storage.store import Store
 
 TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "training_runs",
           "turns"]

@@ -6,10 +6,10 @@ import time
 import pytest
 import torch
 
-from reinf.sampling import sample_top_p
 from reinf.errors import BadInput, ModelError
-from reinf.modeling import (Detokenizer, build_prompt_ids, get_context_limit, load_model,
-                            plan_load, render_chat)
+from reinf.model.modeling import (Detokenizer, build_prompt_ids, get_context_limit, load_model,
+                                  plan_load, render_chat)
+from reinf.model.sampling import sample_top_p
 from tiny import EOS, build_tiny_tokenizer
 
 
@@ -225,8 +225,8 @@ from types import SimpleNamespace
 from torch import nn
 
 from reinf.errors import ConfigError
-from reinf.lora import (attention_projections, fan_in_fan_out, linear_names, lora_targets,
-                        target_layers)
+from reinf.model.lora import (attention_projections, fan_in_fan_out, linear_names, lora_targets,
+                              target_layers)
 
 
 class Fused(nn.Module):
@@ -320,7 +320,7 @@ def test_fan_in_fan_out_for_conv1d_layers():
 # --- max_history: null = as many turns as suit the model ------------------------------------
 
 def test_max_history_auto_keeps_the_demo_model_short_and_fills_other_contexts():
-    from reinf.modeling import resolve_max_history
+    from reinf.model.modeling import resolve_max_history
 
     assert resolve_max_history(None, "/anywhere/models/reinf-demo") == 4
     assert resolve_max_history(None, "reinf-demo") == 4
@@ -331,7 +331,7 @@ def test_max_history_auto_keeps_the_demo_model_short_and_fills_other_contexts():
 
 
 def test_max_history_auto_sends_what_fits_the_context(tok):
-    from reinf.modeling import resolve_max_history
+    from reinf.model.modeling import resolve_max_history
 
     auto = resolve_max_history(None, "/models/tiny")
     roomy = build_prompt_ids(tok, HISTORY, "hi", max_history=auto, max_context_tokens=10_000,
@@ -405,7 +405,7 @@ def test_a_template_that_refuses_the_system_role_gets_it_folded_into_the_first_m
     with pytest.raises(Exception, match="System role not supported|must alternate"):
         strict.apply_chat_template([{"role": "system", "content": SYSTEM},
                                     {"role": "user", "content": "hi"}], tokenize=False)
-    caplog.set_level(logging.INFO, logger="reinf.modeling")
+    caplog.set_level(logging.INFO, logger="reinf.model.modeling")
     ids = build_prompt_ids(strict, HISTORY[:2], "And tomorrow?", max_history=8,
                            max_context_tokens=256, max_new_tokens=16, system=SYSTEM)
     folded = [(f"{SYSTEM}\n\n{HISTORY[0][0]}", HISTORY[0][1]), HISTORY[1]]
@@ -421,7 +421,7 @@ def test_a_template_that_refuses_the_system_role_gets_it_folded_into_the_first_m
 
 def test_system_prompt_is_a_setting_documented_in_the_readme():
     from reinf.config import load_config, settings
-    from reinf.location import PROJECT_ROOT
+    from reinf.catalog import PROJECT_ROOT
 
     [info] = [s for s in settings() if s.public == "system_prompt"]
     assert info.section == "generation" and info.default is None and info.help

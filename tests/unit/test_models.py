@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from reinf import models
+from reinf import catalog as models
 from reinf.errors import ModelError
 
 
 def test_a_named_model_resolves_under_the_data_directory(config):
-    from reinf.location import resolve_model_path
+    from reinf.catalog import resolve_model_path
 
     cfg = config.replace(model_path="smollm2-135m")
     assert resolve_model_path(cfg) == str(config.data_dir / "models" / "smollm2-135m")

@@ -9,9 +9,9 @@ import sqlite3
 import pytest
 from sqlalchemy import text
 
-from reinf import db
 from reinf.errors import BadInput, Conflict, NotFound
-from reinf.store import Store
+from reinf.storage import db
+from reinf.storage.store import Store
 
 
 def talk(store, *messages, conversation_id=None):

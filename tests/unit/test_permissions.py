@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from reinf import permissions
+from reinf.storage import permissions
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
 
@@ -29,7 +29,7 @@ def umask_022():
 
 
 def test_the_store_makes_a_private_data_directory_and_database(config, capfd):
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     store = Store.open(config)
     try:
@@ -80,7 +80,7 @@ def test_files_made_after_the_cli_starts_are_private(home, clean_root):
 
 def test_an_open_data_directory_is_tightened_once_with_one_line(home, invoke):
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     Store.open(load_config(environ={"REINF_HOME": str(home)})).close()  # the database
     ckpt = home / "checkpoints" / "r0001"
@@ -109,7 +109,7 @@ def test_an_open_data_directory_is_tightened_once_with_one_line(home, invoke):
 
 def test_the_store_tightens_too(config, capfd):
     """Opened without the CLI (the web app in tests, a script), the store does it."""
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     config.data_dir.mkdir(mode=0o755)
     Store.open(config).close()
@@ -120,7 +120,7 @@ def test_the_store_tightens_too(config, capfd):
 
 def test_export_to_a_file_is_private_even_over_an_open_one(home, invoke, tmp_path):
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
 
     store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
     store.rate(store.append_turn(store.create_conversation().id, "q", "a").id, 5)
@@ -145,7 +145,7 @@ def test_tightening_keeps_a_read_only_data_directory_read_only(tmp_path):
     """A person who made the data directory 555 made it read-only on purpose: it stays as
     it is (it once became 700, writable again, and the server started in it); every
     command then stops with one line naming it (tests/e2e/test_faults.py)."""
-    from reinf.permissions import tighten
+    from reinf.storage.permissions import tighten
 
     home = tmp_path / "home"
     home.mkdir()

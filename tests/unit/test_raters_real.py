@@ -11,7 +11,7 @@ from reinf.bench.prompts import load_builtin
 from reinf.bench.raters import NAMES, SLIP, TUNED_ON, load_rater
 from reinf.bench.text_raters import (TEXT_RATERS, classify_prompt, parse_arithmetic,
                                      rate_length_graded, stated_number)
-from reinf.location import PROJECT_ROOT
+from reinf.catalog import PROJECT_ROOT
 
 NEW = tuple(TEXT_RATERS) + ("noisy-graded",)
 

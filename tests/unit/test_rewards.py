@@ -9,8 +9,9 @@ import pytest
 
 from reinf.errors import HookError
 from reinf.records import Sample
-from reinf.rewards import (build_metadata, compute_rewards, decay_weight, default_mapper,
-                           default_reward, hook_status, hook_template, preview, rewards_settings)
+from reinf.rewards.mapper import (build_metadata, compute_rewards, decay_weight, default_mapper,
+                                  default_reward, hook_status, hook_template, preview,
+                                  rewards_settings)
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -149,11 +150,11 @@ def test_metadata_carries_the_documented_keys(config):
 # --- status and template ----------------------------------------------------------------------
 
 def test_default_mapper_status_is_ok_without_a_child(config, monkeypatch):
-    import reinf.hooks
+    import reinf.rewards.hooks
 
     def boom(*a, **k):
         raise AssertionError("no child process for the built-in mapper")
-    monkeypatch.setattr(reinf.hooks, "run_hook", boom)
+    monkeypatch.setattr(reinf.rewards.hooks, "run_hook", boom)
     assert hook_status(config) == {"mapper": "default", "path": None, "ok": True,
                                    "error": None, "line": None, "fix": None}
 

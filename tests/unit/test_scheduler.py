@@ -1,7 +1,7 @@
 """The daemon's schedule, swaps and rollbacks, with a fake round runner and a fake engine.
 
 The scheduler is the real APScheduler and the store a real SQLite database; only the
-child process (reinf.worker) and the model (reinf.engine) are replaced, by fakes that
+child process (reinf.daemon.worker) and the model (reinf.serving.engine) are replaced, by fakes that
 write the same rows a real round writes.
 
 A test that asserts that something did *not* happen injects a ``FakeClock``: the schedule
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from reinf.daemon import INTERRUPTED, Daemon
+from reinf.daemon.background import INTERRUPTED, Daemon
+from reinf.daemon.lock import acquire_train_lock
+from reinf.daemon.scheduler import BUSY, iso, run_job
+from reinf.daemon.worker import Outcome
 from reinf.errors import BadInput, Conflict, NotFound
-from reinf.lock import acquire_train_lock
-from reinf.scheduler import BUSY, iso, run_job
 from reinf.training.checkpoints import REQUIRED
-from reinf.worker import Outcome
 from webui_fakes import wait_for
 
 
@@ -191,6 +191,34 @@ def test_interval_ticks_train_only_when_ratings_wait(build, store):
         clock.advance(minutes=30)
         assert "interval" in daemon.scheduler.run_due()
     assert runner.calls == ["interval"]
+
+
+
+def test_a_pick_alone_is_something_to_train_on_for_the_timer_and_train_now(build, store):
+    """Picks (compare, regenerate) teach the rating model: the timer and Train now run a
+    round for a new pick with no new rating; the round consumes it like a rating."""
+    clock = FakeClock()
+    daemon, runner = build(clock=clock, train_interval_minutes=30, train_after_ratings=0)
+    daemon.start()
+    rate_new_turn(store)
+    clock.advance(minutes=30)
+    daemon.scheduler.run_due()
+    assert runner.calls == ["interval"] and store.ratings_waiting() == 0
+    assert daemon.train_now()["started"] is False          # nothing new: refused
+    clock.advance(minutes=30)
+    daemon.scheduler.run_due()
+    assert runner.calls == ["interval"]                    # and the timer skips
+    store.add_pair("which is better?", "a", a_text="one", b_text="two")
+    clock.advance(minutes=30)
+    daemon.scheduler.run_due()
+    assert runner.calls == ["interval", "interval"]        # the pick alone trains
+    clock.advance(minutes=30)
+    daemon.scheduler.run_due()
+    assert runner.calls == ["interval", "interval"]        # ... once
+    store.add_pair("and now?", "b", a_text="one", b_text="two")
+    assert daemon.train_now()["started"] is True
+    daemon.scheduler.run_due()
+    assert runner.calls == ["interval", "interval", "request"]
 
 
 def test_the_interval_timer_fires_on_the_real_clock(build, store):

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from reinf.config import load_config
+from reinf.daemon.service import (install_service, quote_systemd, render_launchd_plist,
+                                  render_systemd_unit, service_status, uninstall_service,
+                                  verify_unit)
 from reinf.errors import BadInput, NotAvailable
-from reinf.service import (install_service, quote_systemd, render_launchd_plist,
-                           render_systemd_unit, service_status, uninstall_service, verify_unit)
 
 
 @pytest.fixture

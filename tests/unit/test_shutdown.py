@@ -17,7 +17,7 @@ import pytest
 SERVER = textwrap.dedent("""
     import sys, threading, time
     from waitress.server import create_server
-    from reinf.shutdown import install_signal_handlers, run_server
+    from reinf.daemon.shutdown import install_signal_handlers, run_server
 
     chunks, grace = int(sys.argv[1]), float(sys.argv[2])
     cut = threading.Event()
@@ -87,6 +87,16 @@ def stream_in_background(port: int):
     return first, result, thread
 
 
+def eventually(check, timeout: float) -> bool:
+    """Poll ``check`` until it is true or ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def refused(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2):
@@ -102,8 +112,7 @@ def test_the_reply_in_flight_finishes_and_new_connections_are_refused(signum):
         first, result, thread = stream_in_background(port)
         assert first.wait(10)
         proc.send_signal(signum)
-        time.sleep(0.6)  # a few polls of the serving loop
-        assert refused(port)
+        assert eventually(lambda: refused(port), 5)  # within a few polls of the serving loop
         thread.join(20)
         assert result["body"].endswith("8\n9\nend\n") and "incomplete" not in result
         out, _ = proc.communicate(timeout=20)
@@ -136,8 +145,8 @@ def test_a_second_signal_exits_at_once_and_kills_the_child():
         first, result, thread = stream_in_background(port)
         assert first.wait(10)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
-        assert proc.poll() is None  # still finishing the reply
+        assert eventually(lambda: refused(port), 5)  # the first signal was handled ...
+        assert proc.poll() is None and thread.is_alive()  # ... and the reply goes on
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=10)
         assert proc.returncode == 128 + signal.SIGINT

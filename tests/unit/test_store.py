@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import event
 
 from reinf.errors import BadInput, NotFound
-from reinf.schema import Turn, utcnow
+from reinf.storage.schema import Turn, utcnow
 
 
 def add_turn(store, conv=None, msg="hi", reply="hello", n=3, **kw):
@@ -415,8 +415,8 @@ def test_a_round_that_trained_on_turns_forgotten_while_it_ran_is_not_promoted(co
 def test_open_refuses_a_damaged_database_before_migrating(tmp_path):
     """PRAGMA quick_check at start-up: a database with a garbage page is one StoreError
     naming the file and both fixes, not a 500 on the first query that reads the page."""
-    from reinf.db import DamagedDatabase
-    from reinf.store import Store
+    from reinf.storage.db import DamagedDatabase
+    from reinf.storage.store import Store
 
     path = tmp_path / "a.db"
     store = Store(f"sqlite:///{path}")
@@ -436,7 +436,7 @@ def test_open_refuses_a_damaged_database_before_migrating(tmp_path):
 
 
 def test_export_puts_the_system_prompt_first_in_every_format(store):
-    from reinf.export import export_rows
+    from reinf.storage.export import export_rows
 
     conv = store.create_conversation(system_prompt="Be terse.").id
     first = add_turn(store, conv, msg="q1", reply="a1")
@@ -450,7 +450,8 @@ def test_export_puts_the_system_prompt_first_in_every_format(store):
                                   {"role": "user", "content": "q2"}]
     [sft] = export_rows(store, "sft")
     assert sft["messages"][0] == system and sft["messages"][1]["content"] == "q1"
-    assert all(row["prompt"][0] == system for row in export_rows(store, "kto"))
+    kto = list(export_rows(store, "kto"))
+    assert len(kto) == 2 and all(row["prompt"][0] == system for row in kto)
     plain = add_turn(store, msg="q3")  # a conversation without one: no system message
     store.rate(plain.id, 4)
     assert list(export_rows(store, "raw"))[-1]["messages"] == [{"role": "user", "content": "q3"}]

@@ -259,7 +259,7 @@ def test_status_follows_config_yaml_edited_after_the_server_started(home, store,
     hook from the file as it is now (as `reinf status` does), says which changed settings
     need a restart, and says in one line when the file no longer loads."""
     from reinf.config import load_config
-    from reinf.status import collect_status
+    from reinf.daemon.status import collect_status
     from webui import create_app
 
     file = home / "config.yaml"
@@ -297,7 +297,7 @@ def test_status_follows_config_yaml_edited_after_the_server_started(home, store,
 
 def test_a_reward_hook_runs_only_for_turns_it_has_not_mapped(store, config, daemon,
                                                               monkeypatch):
-    from reinf import hooks
+    from reinf.rewards import hooks
     from webui import create_app
     from webui.reports import map_rewards
 

@@ -80,7 +80,7 @@ def test_api_without_the_token_is_401(locked, path):
 def test_a_client_without_the_right_token_is_told_so(config, store, fake_chat, daemon, invoke,
                                                     monkeypatch):
     """`reinf chat --url` against a server that answered 401 said "no Reinf daemon answers"."""
-    from reinf.remote import TokenRefused, find_server
+    from reinf.daemon.remote import TokenRefused, find_server
     from webui import create_app
     from webui.server import BackgroundServer
 

@@ -17,15 +17,15 @@ import time
 
 import pytest
 
-from reinf.lock import acquire_train_lock
-from reinf.worker import ChildRunner, describe_seconds, describe_signal, interpret
+from reinf.daemon.lock import acquire_train_lock
+from reinf.daemon.worker import ChildRunner, describe_seconds, describe_signal, interpret
 
 FAKE = textwrap.dedent("""
     import json, os, signal, sys, time
     if sys.argv[1] == "ignore-term":  # first thing, so the runner's SIGTERM finds it set
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from reinf.config import load_config
-    from reinf.store import Store
+    from reinf.storage.store import Store
     action, trigger = sys.argv[1], sys.argv[2]
     if action == "crash-early":
         raise RuntimeError("cannot import the model library")
@@ -168,7 +168,7 @@ def test_a_full_disk_at_the_start_of_a_round_does_not_leak_the_train_lock(config
                                                                          monkeypatch):
     import errno
 
-    from reinf import lock as lock_mod
+    from reinf.daemon import lock as lock_mod
     from reinf.errors import StoreError
 
     real_pwrite = os.pwrite
@@ -197,8 +197,8 @@ def test_the_child_dies_with_a_killed_server(config, home, tmp_path):
     parent = textwrap.dedent(f"""
         import sys, threading
         from reinf.config import load_config
-        from reinf.store import Store
-        from reinf.worker import ChildRunner
+        from reinf.storage.store import Store
+        from reinf.daemon.worker import ChildRunner
         cfg = load_config()
         store = Store.open(cfg)
         runner = ChildRunner(cfg, store, command=lambda t, f: [sys.executable, "-c",
@@ -264,7 +264,7 @@ def test_the_trainer_child_trains_the_model_the_server_serves(tmp_path):
     model it loaded until a restart, and so must the trainer child (it reads config.yaml
     afresh each round), or it would train an adapter the served model cannot load."""
     from reinf.config import load_config
-    from reinf.worker import build_child_env
+    from reinf.daemon.worker import build_child_env
 
     home = tmp_path / "home"
     home.mkdir()

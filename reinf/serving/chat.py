@@ -17,9 +17,9 @@ so the stored prompt ids (what training replays) hold it.
 
 Alternatives: ``stream_again(turn_id)`` samples another reply to the message of a
 conversation's last turn, from the same context, stored in the same slot (the same index;
-see reinf.schema.Turn); by default it becomes the picked one, which the conversation
+see reinf.storage.schema.Turn); by default it becomes the picked one, which the conversation
 continues from. ``pick(turn_id)`` picks another and records the person's preference
-(reinf.store.Store.pick_alternative).
+(reinf.storage.store.Store.pick_alternative).
 
 Messages to one conversation are handled one at a time (its history must include the
 previous turn); different conversations only queue at the engine. Thread-safe.
@@ -30,11 +30,11 @@ import dataclasses
 import threading
 from typing import Any, Iterator
 
+from reinf.catalog import model_display_name
 from reinf.config import Config
 from reinf.errors import BadInput, Conflict
-from reinf.location import model_display_name
 from reinf.records import ConversationRecord, PairRecord, TurnRecord
-from reinf.store import check_system_prompt
+from reinf.storage.store import check_system_prompt
 
 GENERATION_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
 
@@ -125,7 +125,7 @@ def keep_shown(shown: str, text: str, reply_ids, logprobs,
     (a prefix of ``text``, made of whole deltas); None when nothing was shown. The ids are
     replayed through the same Detokenizer that made the deltas, so the cut falls right
     after the token of the last delta shown."""
-    from reinf.modeling import Detokenizer
+    from reinf.model.modeling import Detokenizer
 
     if not shown:
         return None

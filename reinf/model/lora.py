@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reinf.errors import ConfigError, ReinfError
-from reinf.shape import read_weight_shapes
+from reinf.model.shape import read_weight_shapes
 
 TARGETS_KEY = "lora.target_modules"
 # Leaf names of attention projections, for architectures peft's own mapping does not know.

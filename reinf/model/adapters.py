@@ -13,7 +13,7 @@ trainer and the benchmarks a model with it (PEFT's ``from_pretrained`` is not us
 a checkpoint that does not fit is refused in the same words everywhere.
 
 peft (which imports transformers) is imported where an adapter is read or put in place:
-reinf.engine imports this module, and code that only names the engine's types (the unit
+reinf.serving.engine imports this module, and code that only names the engine's types (the unit
 tier, the benchmarks' helpers) stays free of transformers.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reinf.errors import ModelError
-from reinf.modeling import quiet_peft
+from reinf.model.modeling import quiet_peft
 
 
 class Adapters:

@@ -7,8 +7,8 @@ alone (no weights are read; safetensors headers only where config.json lacks the
 compares the sum with what the device has. ``reinf status`` shows the plan; the trainer
 uses it for ``training.base_quantization: auto`` (:func:`trainer_quantization`).
 
-The formulas, one function a part, are in ``reinf.footprint``; the model's shape comes from
-``reinf.shape``. Here: the plan against what each device has, its verdict, and the settings
+The formulas, one function a part, are in ``reinf.model.footprint``; the model's shape comes from
+``reinf.model.shape``. Here: the plan against what each device has, its verdict, and the settings
 that would make it fit.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinf.footprint import GIB, Settings, server_parts, trainer_parts, trainer_total
-from reinf.location import resolve_model_path
-from reinf.shape import Shape, load_shape
+from reinf.catalog import resolve_model_path
+from reinf.model.footprint import GIB, Settings, server_parts, trainer_parts, trainer_total
+from reinf.model.shape import Shape, load_shape
 
 TIGHT_FROM = 0.85          # planned / capacity above this: tight; above 1: will not fit
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -281,12 +281,12 @@ def _fixes(shape: Shape, s: Settings, capacity: dict, bitsandbytes: bool, base: 
 # plans without it.
 
 def planned_device(setting: str) -> str:
-    """The device a model load picks for the ``device`` setting (reinf.modeling.plan_load),
+    """The device a model load picks for the ``device`` setting (reinf.model.modeling.plan_load),
     without loading one. A device set by name is taken as set (a load refuses one this
     machine lacks, and says why), so only ``auto`` imports torch to look."""
     if setting != "auto":
         return setting
-    from reinf.modeling import plan_load, visible_devices
+    from reinf.model.modeling import plan_load, visible_devices
 
     return plan_load(setting, "auto", "none", **visible_devices()).device
 
@@ -327,6 +327,6 @@ def _has_bitsandbytes() -> bool:
 def _cuda_bf16() -> bool:
     import torch
 
-    from reinf.modeling import cuda_facts
+    from reinf.model.modeling import cuda_facts
 
     return cuda_facts()[0] if torch.cuda.is_available() else True

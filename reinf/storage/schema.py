@@ -134,7 +134,7 @@ class Pair(Base):
     A side is a stored turn (``a_turn_id``: an alternative from regenerate) or, for replies
     that were never turns (``reinf compare``), its text and token ids in this row. Rows go
     with the turns and conversation they name (ON DELETE CASCADE); forget removes the
-    text-only ones whose prompt was the forgotten message too (reinf.store)."""
+    text-only ones whose prompt was the forgotten message too (reinf.storage.store)."""
     __tablename__ = "pairs"
     __table_args__ = (
         CheckConstraint("outcome IN ('a', 'b', 'tie', 'both_bad')", name="ck_pair_outcome"),

@@ -6,7 +6,7 @@ mixes two adapters. A reply may ask for another adapter than the active one (``b
 the bare base or another checkpoint, for ``reinf compare``); it is put in place for that
 reply alone, under the same lock, and the active one is back before the next reply.
 
-Tokens come from ``reinf.sampling.decode`` (a batch of one), the same decoder the
+Tokens come from ``reinf.model.sampling.decode`` (a batch of one), the same decoder the
 trainer's rollouts use, so each reply records its exact prompt and reply token ids and each
 sampled token's behaviour log-probability, and can stop between tokens.
 """
@@ -22,12 +22,12 @@ from typing import Any, Sequence
 
 import torch
 
-from reinf.adapters import Adapters, read_adapter
 from reinf.config import Config
 from reinf.errors import BadInput, ModelError, ReinfError
-from reinf.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
-                            get_context_limit, load_model, resolve_max_history)
-from reinf.sampling import decode, eos_token_ids
+from reinf.model.adapters import Adapters, read_adapter
+from reinf.model.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
+                                  get_context_limit, load_model, resolve_max_history)
+from reinf.model.sampling import decode, eos_token_ids
 from reinf.training.rating_model import reply_features
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,7 @@ class Engine:
                 "previous_checkpoint": (self._adapters.previous or "base")
                 if self._adapters.can_rollback else None,
                 "last_swap_pause_ms": self.last_swap_pause_ms,
+                "swaps_waiting": len(self._pending),  # requested, to land when a reply ends
                 "context_tokens": self.context_limit}
 
     # --- replies --------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Compare: one prompt answered by the bare base model, the active checkpoint and, if asked,
 another checkpoint; the person picks the better reply, blind, and the preference is stored
-as pairs (reinf.schema.Pair, source ``compare``).
+as pairs (reinf.storage.schema.Pair, source ``compare``).
 
 The replies are shown in a shuffled order under the slots A, B (, C); which checkpoint wrote
 which stays on this side, in a ``Comparison`` kept by ``Comparisons`` under a random token
@@ -107,7 +107,7 @@ def build_comparison(engine, store, config, *, prompt: str | None = None,
         turn = store.get_turn(turn_id)
         prompt, prompt_ids = turn.user_message, prompt_of(engine, store, turn, params)
     else:
-        from reinf.store import check_system_prompt
+        from reinf.storage.store import check_system_prompt
 
         prompt = check_prompt(prompt, config)
         prompt_ids = engine.build_prompt(  # as a new conversation's first message

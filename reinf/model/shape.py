@@ -1,10 +1,10 @@
 """A model's shape from its files alone: config.json and the safetensors headers.
 
-``load_shape`` gives what the memory plan (reinf.memory) needs: sizes, layer and head
+``load_shape`` gives what the memory plan (reinf.model.memory) needs: sizes, layer and head
 counts, the context length and the parameter count (computed from config.json for a
 Llama/Qwen2/Mistral-shaped decoder, else counted in the safetensors headers).
 ``read_weight_shapes`` reads those headers (8 bytes of length, then JSON), which is also
-how ``reinf status`` judges ``lora.target_modules`` (reinf.lora.read_layers). No weights
+how ``reinf status`` judges ``lora.target_modules`` (reinf.model.lora.read_layers). No weights
 are read, and nothing here imports torch.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-# The context length of a model that does not give one (reinf.modeling uses it too).
+# The context length of a model that does not give one (reinf.model.modeling uses it too).
 FALLBACK_CONTEXT = 2048
 
 

@@ -31,12 +31,12 @@ import torch
 from jinja2.exceptions import TemplateError
 from safetensors import safe_open
 
+from reinf.catalog import DEMO_MODEL, resolve_model_path
+from reinf.catalog import KNOWN_MODELS, is_installed, pull_fix
 from reinf.config import Config
 from reinf.errors import BadInput, ModelError
-from reinf.location import DEMO_MODEL, resolve_model_path
-from reinf.lora import lora_target_warnings
-from reinf.models import KNOWN_MODELS, is_installed, pull_fix
-from reinf.shape import FALLBACK_CONTEXT
+from reinf.model.lora import lora_target_warnings
+from reinf.model.shape import FALLBACK_CONTEXT
 
 log = logging.getLogger(__name__)
 

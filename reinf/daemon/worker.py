@@ -11,7 +11,7 @@ child:
   thread) and limited to ``train_threads`` through the usual OpenMP/MKL variables;
 - dies with the server on Linux (``PR_SET_PDEATHSIG``), so a ``kill -9`` of the server
   never leaves an orphan trainer that later activates a checkpoint behind its back;
-- inherits the train lock (reinf.lock), so a trainer that outlives its server elsewhere
+- inherits the train lock (reinf.daemon.lock), so a trainer that outlives its server elsewhere
   still keeps a second round from starting.
 
 The child records its own ``training_runs`` row (``pid`` = its pid) and prints its result
@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from reinf.daemon.lock import RETRY_SECONDS, acquire_train_lock, train_lock_holder
 from reinf.errors import ReinfError
-from reinf.lock import RETRY_SECONDS, acquire_train_lock, train_lock_holder
 from reinf.training.outcome import RoundOutcome
 
-log = logging.getLogger("reinf.worker")
+log = logging.getLogger("reinf.daemon.worker")
 child_log = logging.getLogger("reinf.training.trainer.child")
 
 PR_SET_PDEATHSIG = 1

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable
 
-log = logging.getLogger("reinf.shutdown")
+log = logging.getLogger("reinf.daemon.shutdown")
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FLUSH_SECONDS = 5.0

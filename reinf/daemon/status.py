@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from reinf import db
+from reinf.catalog import resolve_model_path
 from reinf.config import Config
-from reinf.location import resolve_model_path
-from reinf.lora import lora_target_warnings, read_layers
-from reinf.memory import plan_memory, planned_device
+from reinf.model.lora import lora_target_warnings, read_layers
+from reinf.model.memory import plan_memory, planned_device
+from reinf.storage import db
 
 #: The sections a training round takes from config.yaml as it is then: the trainer child
 #: loads the file afresh each round. A running server keeps every other setting (the
@@ -141,7 +141,7 @@ def config_changes(started: Config, current: Config | None,
 
 
 def _memory_status(config: Config, device: str | None, warnings: list[str]) -> dict:
-    """The memory plan of a round beside the server (reinf.memory), from config.json alone:
+    """The memory plan of a round beside the server (reinf.model.memory), from config.json alone:
     its summary line, and a warning with the fix where the round would not fit."""
     plan = plan_memory(config, device=device if device in ("cuda", "mps", "cpu") else None)
     if (warning := plan.warning()) is not None:
@@ -151,7 +151,7 @@ def _memory_status(config: Config, device: str | None, warnings: list[str]) -> d
 
 
 def _lora_warning(setting, model_dir: Path) -> str | None:
-    """``lora.target_modules`` judged by reinf.lora's rule on the layers in the model's files
+    """``lora.target_modules`` judged by reinf.model.lora's rule on the layers in the model's files
     (no model load). Where the engine is at hand (GET /api/status), its own check on the
     loaded model is reported instead."""
     layers = read_layers(model_dir)
@@ -178,8 +178,8 @@ def _training_status(config: Config, store) -> dict:
 def vs_base_status(store, active) -> dict | None:
     """What changed, at a glance: the active checkpoint against the bare base, by the
     rating model (its round's ``vs_base`` metrics) and by the person's picks (counted now:
-    pairs between it or its ancestors and the base, reinf.leaderboard.picks_vs_base)."""
-    from reinf.leaderboard import picks_vs_base
+    pairs between it or its ancestors and the base, reinf.training.leaderboard.picks_vs_base)."""
+    from reinf.training.leaderboard import picks_vs_base
 
     if active is None:
         return None
@@ -211,7 +211,7 @@ def describe_vs_base(checkpoint_id: str, by_model: dict | None, picks: dict | No
 
 def _reward_hook_status(config: Config) -> dict:
     try:
-        from reinf.rewards import hook_status
+        from reinf.rewards.mapper import hook_status
     except ImportError:
         return {"mapper": config.rewards.reward_mapper, "ok": True, "error": None}
     return hook_status(config)

@@ -230,7 +230,7 @@ def service_status(config, *, platform: str | None = None,
                    environ: Mapping[str, str] | None = None,
                    exe_args: Sequence[str] | None = None) -> dict[str, Any]:
     """Installed? Up to date with this installation? What the service manager says."""
-    from reinf.remote import locate_server
+    from reinf.daemon.remote import locate_server
 
     manager = get_manager(platform)
     path, text = _spec(config, manager, environ, exe_args)

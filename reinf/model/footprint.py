@@ -1,6 +1,6 @@
 """The bytes each part of a training round takes, for a model's shape and the settings.
 
-The memory plan (reinf.memory) adds these up for the server and the trainer child.
+The memory plan (reinf.model.memory) adds these up for the server and the trainer child.
 The formulas (docs/training.md, "Memory", has them with the numbers for three shapes):
 
 - parameters of a Llama/Qwen2/Mistral-shaped decoder, h = hidden, i = intermediate, L =
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reinf.shape import Shape
+from reinf.model.shape import Shape
 
 GIB = 1024 ** 3
 RUNTIME_BYTES = GIB // 2   # per process: CUDA context, or torch + transformers in RAM

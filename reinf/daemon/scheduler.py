@@ -37,9 +37,11 @@ from typing import Any, Callable
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-log = logging.getLogger("reinf.scheduler")
+from reinf.training.pairs import pairs_waiting
+
+log = logging.getLogger("reinf.daemon.scheduler")
 # APScheduler's own messages; reinf.logs keeps them at WARNING unless --debug.
-jobs_log = logging.getLogger("reinf.scheduler.jobs")
+jobs_log = logging.getLogger("reinf.daemon.scheduler.jobs")
 ROUND_JOBS = ("interval", "train")
 
 
@@ -69,18 +71,19 @@ def iso(ts: datetime | None) -> str | None:
 
 
 def run_job(trigger: str, *, force: bool, round_fn: Round, store, now: Callable[[], datetime],
-            min_waiting: int = 0) -> dict[str, Any]:
+            min_waiting: int = 0, picks_count: bool = False) -> dict[str, Any]:
     """One scheduled round, huey style: the clock and the dependencies are arguments.
 
     Skipped without a child when fewer than ``min_waiting`` ratings wait (a timer tick
-    with nothing new, or a ratings job that an earlier round made moot). The job boundary:
-    whatever goes wrong is caught, logged and returned as a failed result, so the
-    scheduler lives on.
+    with nothing new, or a ratings job that an earlier round made moot), unless
+    ``picks_count`` and a pick (compare, regenerate) is new since the last round: the
+    timer trains on picks alone too. The job boundary: whatever goes wrong is caught,
+    logged and returned as a failed result, so the scheduler lives on.
     """
     started = now()
     if min_waiting and not force:
         waiting = store.ratings_waiting()
-        if waiting < min_waiting:
+        if waiting < min_waiting and not (picks_count and pairs_waiting(store)):
             return {"status": "skipped", "trigger": trigger, "started_at": iso(started),
                     "finished_at": iso(now()),
                     "message": f"nothing to do: {waiting} new rating(s), {min_waiting} needed"}
@@ -263,7 +266,8 @@ class Scheduler:
                 self._current = {"trigger": trigger, "started_at": iso(self.now())}
             needed = {"interval": 1, "ratings": self.config.schedule.train_after_ratings}
             result = run_job(trigger, force=force, round_fn=self.round_fn, store=self.store,
-                             now=self.now, min_waiting=needed.get(trigger, 0))
+                             now=self.now, min_waiting=needed.get(trigger, 0),
+                             picks_count=trigger == "interval")
             with self._state:
                 if result["status"] != "skipped" or trigger not in needed:
                     self.last_result = result

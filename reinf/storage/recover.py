@@ -13,8 +13,8 @@ import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
 
-from reinf.db import create_db_engine, upgrade
 from reinf.errors import StoreError
+from reinf.storage.db import create_db_engine, upgrade
 
 # --- recovery: copy what can still be read ------------------------------------------------
 

@@ -9,7 +9,7 @@
   active) or removed; and the engine serves the active checkpoint, or, when its files are
   missing or do not load, its nearest ancestor that does, or the base model, with a
   warning when it had to fall back;
-- **rounds** run in a child process (reinf.worker) on the schedule of reinf.scheduler;
+- **rounds** run in a child process (reinf.daemon.worker) on the schedule of reinf.daemon.scheduler;
   a round that succeeds (and so passed the promotion gate) is swapped into the engine
   between two replies;
 - **rollback** switches the active checkpoint in the store (so it survives a restart) and
@@ -20,7 +20,7 @@
   ratings they stored (``reinf rate``) reach the ratings trigger.
 
 Other processes talk to a running daemon through the lock file and its HTTP API, in
-reinf.remote. Signals and the serving loop are in reinf.shutdown.
+reinf.daemon.remote. Signals and the serving loop are in reinf.daemon.shutdown.
 """
 from __future__ import annotations
 
@@ -30,16 +30,17 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from reinf.daemon.lock import FileLock, acquire_lock, acquire_train_lock, read_info, train_lock_path
+from reinf.daemon.scheduler import Scheduler, utcnow
+from reinf.daemon.worker import ChildRunner
 from reinf.errors import BadInput, Conflict, NotFound, ReinfError
-from reinf.lock import FileLock, acquire_lock, acquire_train_lock, read_info, train_lock_path
 from reinf.logs import log_path
-from reinf.scheduler import Scheduler, utcnow
-from reinf.worker import ChildRunner
+from reinf.training.pairs import pairs_waiting
 
 __all__ = ["Daemon", "INTERRUPTED", "adopt_checkpoints", "choose_active", "is_loadable",
            "recover_runs"]
 
-log = logging.getLogger("reinf.daemon")
+log = logging.getLogger("reinf.daemon.background")
 
 INTERRUPTED = "interrupted (the daemon stopped mid-round)"
 RECONCILE_SECONDS = 10.0
@@ -166,9 +167,11 @@ class Daemon:
         """Start a round now, unless one runs ("started": False with the reason)."""
         if self._state != "running":
             return {"started": False, "reason": "the server is not running its scheduler"}
-        if not force and not self.scheduler.active and self.store.ratings_waiting() == 0:
+        if not force and not self.scheduler.active and self.store.ratings_waiting() == 0 \
+                and not pairs_waiting(self.store):
             return {"started": False, "ratings_waiting": 0,
-                    "reason": "nothing new to train on: no ratings since the last round"}
+                    "reason": "nothing new to train on: no ratings or picks since the last "
+                              "round"}
         return self.scheduler.request("request", force=force)
 
     def notify_rating(self) -> None:
@@ -219,7 +222,7 @@ class Daemon:
 
     def schedule_info(self) -> dict[str, Any]:
         """Status of the schedule and of this server. ``running`` is whether the daemon
-        runs (as in reinf.remote.locate_server); ``training`` whether a round runs now."""
+        runs (as in reinf.daemon.remote.locate_server); ``training`` whether a round runs now."""
         info = self.scheduler.info()
         lock = self.lock.info if self.lock is not None else {}
         info.update(running=self._state == "running", pid=os.getpid(),

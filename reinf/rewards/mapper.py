@@ -2,9 +2,9 @@
 
 The contract is a plain function ``reward_mapper(score: int, metadata: dict) -> float``.
 ``reward_mapper: default`` in the config uses :func:`default_reward`; ``path/to/file.py:fn``
-uses the person's hook file, run in a child process by :mod:`reinf.hooks` (so a broken or
+uses the person's hook file, run in a child process by :mod:`reinf.rewards.hooks` (so a broken or
 hung hook never takes anything down, and every evaluation sees the file as it is now).
-Automatic critics (:mod:`reinf.critics`) may then be combined with the human reward; the
+Automatic critics (:mod:`reinf.rewards.critics`) may then be combined with the human reward; the
 result is clipped to [reward_min, reward_max]. Time decay is a separate sample weight.
 
 A broken hook raises HookError (file, line, message); nothing ever falls back to another
@@ -24,12 +24,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from reinf import critics as critics_mod
-from reinf import hooks
 from reinf.errors import HookError
 from reinf.records import Sample
+from reinf.rewards import critics as critics_mod
+from reinf.rewards import hooks
 
-log = logging.getLogger("reinf.rewards")
+log = logging.getLogger("reinf.rewards.mapper")
 FAILURE_FILE = "reward_hook_error.json"   # last failure on real data, for `reinf status`
 _status_cache: dict[str, dict] = {}       # fingerprint of (hook, file bytes, settings) -> result
 _status_lock = threading.Lock()

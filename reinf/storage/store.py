@@ -2,7 +2,7 @@
 
 All later parts (engine, trainer, web UI, CLI) go through this API; nothing else
 touches the tables. Methods return plain records (reinf.records), never ORM
-objects. Writes run in ``BEGIN IMMEDIATE`` transactions (see reinf.db).
+objects. Writes run in ``BEGIN IMMEDIATE`` transactions (see reinf.storage.db).
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from sqlalchemy import Text, and_, cast, delete, exists, func, not_, or_, select
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.orm import Session, aliased, selectinload
 
-from reinf import db
 from reinf.errors import BadInput, Conflict, NotFound, StoreError
-from reinf.hooks import FORGOTTEN, MIN_REDACTED
-from reinf.permissions import secure_data_dir
 from reinf.records import (CheckpointRecord, ConversationRecord, PairRecord, RatingRecord,
                            RunRecord, Sample, TurnRecord, iso)
-from reinf.schema import (PAIR_OUTCOMES, PAIR_SOURCES, Checkpoint, Conversation, Pair, Rating,
-                          TrainingRun, Turn, pack_floats, pack_ids, unpack_floats, unpack_ids,
-                          utcnow)
+from reinf.rewards.hooks import FORGOTTEN, MIN_REDACTED
+from reinf.storage import db
+from reinf.storage.permissions import secure_data_dir
+from reinf.storage.schema import (PAIR_OUTCOMES, PAIR_SOURCES, Checkpoint, Conversation, Pair,
+                                  Rating, TrainingRun, Turn, pack_floats, pack_ids, unpack_floats,
+                                  unpack_ids, utcnow)
 
 MAX_TAGS = 20
 MAX_TAG_CHARS = 64
@@ -48,7 +48,7 @@ SCRUB_WAIT_MS = 200
 WAL_BUSY = ("another program is reading the database, so the forgotten text stays in the "
             "write-ahead log (the database's -wal file) until it finishes; Reinf empties it then (at the "
             "next forget, while the server runs, or when it stops)")
-log = logging.getLogger("reinf.store")
+log = logging.getLogger("reinf.storage.store")
 
 
 def check_score(score: Any) -> int:
@@ -133,7 +133,7 @@ class Store:
     @classmethod
     def open(cls, config, *, migrate: bool = True) -> "Store":
         """The store for a config: creates the data dir (700; one made 755 by an older Reinf
-        is tightened, see reinf.permissions), checks the database (SQLite: ``PRAGMA
+        is tightened, see reinf.storage.permissions), checks the database (SQLite: ``PRAGMA
         quick_check``) and brings the schema up to date."""
         db.check_directory(config.data_dir)
         secure_data_dir(config)
@@ -147,7 +147,7 @@ class Store:
         """The store for a command that only reads (``reinf status``): it never creates a
         database nor migrates one. A ``db_url`` that points somewhere unexpected (another
         application's database) is reported, not filled with Reinf's tables."""
-        from reinf.permissions import sqlite_file
+        from reinf.storage.permissions import sqlite_file
 
         path = sqlite_file(config.db_url)
         if path is not None and not path.exists():
@@ -314,7 +314,7 @@ class Store:
                   logprobs: Sequence[float]) -> TurnRecord:
         """Shorten a stored reply to its first tokens (``reply`` is their text), marked
         interrupted: a terminal cut a reply the engine had already finished and stored,
-        and only what the person saw is kept (reinf.chat.ChatStream)."""
+        and only what the person saw is kept (reinf.serving.chat.ChatStream)."""
         if len(logprobs) != len(reply_ids):
             raise BadInput(f"{len(logprobs)} log-probs for {len(reply_ids)} reply tokens")
         with self._session(write=True) as s:
@@ -752,7 +752,7 @@ class Store:
         hook failure (``reward_hook_error.json``) and pushing the deleted pages out of the
         WAL; says so when another program's read transaction kept it from being emptied."""
         if texts and self.data_dir is not None:
-            from reinf.rewards import scrub_failure
+            from reinf.rewards.mapper import scrub_failure
 
             scrub_failure(self.data_dir, texts)
         if not self._scrub():

@@ -21,11 +21,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from reinf.daemon.lock import read_lock
 from reinf.errors import ReinfError
-from reinf.lock import read_lock
 from reinf.logs import log_path
 
-log = logging.getLogger("reinf.remote")
+log = logging.getLogger("reinf.daemon.remote")
 
 HTTP_TIMEOUT_SECONDS = 15.0
 PROBE_TIMEOUT_SECONDS = 2.0

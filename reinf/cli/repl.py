@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Protocol, TextIO
 
 from reinf.cli.common import strip_escapes
 from reinf.errors import BadInput, ReinfError
-from reinf.store import check_score, check_tags
+from reinf.storage.store import check_score, check_tags
 
 RATE_PROMPT = "rate 1-5 (Enter to skip), tags after a space: "
 USER_PROMPT = "you> "

@@ -1,5 +1,5 @@
 """What the person's picks say about checkpoints (pairs between replies of two checkpoints,
-reinf.schema.Pair): a Bradley-Terry score per checkpoint (GET /api/leaderboard), a
+reinf.storage.schema.Pair): a Bradley-Terry score per checkpoint (GET /api/leaderboard), a
 checkpoint's record against the bare base (``reinf status``, each round's metrics), and
 whether their blind picks put a checkpoint behind its parent (the picks rule of the
 promotion gate, docs/training.md).

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 from reinf.errors import HookError
 
-log = logging.getLogger("reinf.rewards")
+log = logging.getLogger("reinf.rewards.mapper")
 
 FIX = "fix the hook; training is paused until it works"
 # Importing a hook may itself import numpy or the like, so it gets more than one call.
@@ -67,7 +67,7 @@ FORGOTTEN = "[forgotten]"
 # hook_memory_mb; and the largest file it may write, its stderr included.
 MEMORY_MB = 4096
 FILE_BYTES = 64 * 1024 * 1024
-_ROOT = str(Path(__file__).resolve().parent.parent)
+_ROOT = str(Path(__file__).resolve().parents[2])  # the project root, above reinf/
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,8 @@ def run_hook(spec: HookSpec, source: str, items: Sequence[tuple[int, dict]],
                                     for (s, m), label in zip(items, labels)]})
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
                REINF_HOOK_PARENT=str(os.getpid()))
-    code = f"import sys; sys.path.insert(0, {_ROOT!r}); import reinf.hooks as h; h.serve_child()"
+    code = (f"import sys; sys.path.insert(0, {_ROOT!r}); import reinf.rewards.hooks as h; "
+            "h.serve_child()")
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, env=env,
@@ -492,7 +493,7 @@ What you return is combined with any enabled critics and clipped to [reward_min,
 reward_max]. Older ratings count less through a separate weight (half_life_days); the
 mapper does not apply it.
 """
-from reinf.rewards import default_reward
+from reinf.rewards.mapper import default_reward
 
 BREVITY_CHARS = 200   # good replies shorter than this...
 BREVITY_BONUS = 0.1   # ...earn this much extra; set to 0 to turn it off

@@ -14,7 +14,7 @@ Before migrations, a SQLite file is checked (``check_database``): its directory 
 writable and ``PRAGMA quick_check`` must pass (about 25 ms on a 40 MB, 10,000-turn
 database, warm cache). A damaged file, a lock held by another program or a read-only
 directory is then a one-line StoreError with its fix, instead of a traceback, or a 500 on
-the first query that reads a bad page. ``reinf.recover`` copies every row SQLite can still
+the first query that reads a bad page. ``reinf.storage.recover`` copies every row SQLite can still
 read out of a damaged file (``reinf db recover``).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from reinf.errors import StoreError
-from reinf.permissions import PRIVATE_DIR, create_private_file
+from reinf.storage.permissions import PRIVATE_DIR, create_private_file
 
 log = logging.getLogger(__name__)
 

