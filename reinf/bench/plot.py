@@ -41,13 +41,20 @@ def _mean(a: dict | None, fmt: str, missing: str = "-") -> str:
     return missing if not a or a["mean"] is None else format(a["mean"], fmt)
 
 
+def unit(report: dict) -> str:
+    """What the x axis counts: ratings, or interactions when some of them are pairs
+    (``--pairs-every``)."""
+    return "interactions" if report["plan"].get("pairs_every") else "ratings"
+
+
 def format_table(report: dict) -> str:
     plan, methods = report["plan"], report["methods"]
     names = list(methods)
     seeds = report["seeds"]
     rater = report["rater"]
+    x = unit(report)
     lines = [f"reinf bench learn: rater {rater['name']} ({rater['description']})",
-             f"  {plan['ratings']} ratings a run, a round after every {plan['train_after']}, "
+             f"  {plan['ratings']} {x} a run, a round after every {plan['train_after']}, "
              f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}); target probe mean "
              f"{plan['target']}",
              f"  probe: {plan['probe']} fixed prompts and sampling seeds after every round "
@@ -58,19 +65,19 @@ def format_table(report: dict) -> str:
         s = methods[m].get("settings") or {}
         lines.append(f"  {m}: {methods[m]['label']}" + "".join(
             f"{'; ' if i == 0 else ', '}{k} {v}" for i, (k, v) in enumerate(s.items())))
-    head = f"{'ratings':>8} | " + " | ".join(f"{methods[m]['label'][:28]:<28}" for m in names)
+    head = f"{x:>12} | " + " | ".join(f"{methods[m]['label'][:28]:<28}" for m in names)
     lines += ["", "Probe curve after each round, mean over seeds (min–max): probe mean rating, "
               "preferred share", head, "-" * len(head)]
     curves = {m: {p["ratings"]: p for p in methods[m]["curve"]} for m in names}
-    for x in sorted({x for c in curves.values() for x in c}):
+    for n in sorted({n for c in curves.values() for n in c}):
         cells = []
         for m in names:
-            p = curves[m].get(x)
+            p = curves[m].get(n)
             cells.append(f"{_agg(p and p['probe_mean_rating'], '.2f'):<22}"
                          f"{_mean(p and p['probe_preferred_share'], '.0%'):>6}")
-        lines.append(f"{'base' if x == 0 else x:>8} | " + " | ".join(cells))
+        lines.append(f"{'base' if n == 0 else n:>12} | " + " | ".join(cells))
     cell = "{:>4} {:>4} {:>6} {:>5} {:>5}"
-    sub = f"{'':>8} | " + " | ".join(f"{cell.format('mean', 'pref', 'KL', 'ppl', 'pplP'):<28}"
+    sub = f"{'':>12} | " + " | ".join(f"{cell.format('mean', 'pref', 'KL', 'ppl', 'pplP'):<28}"
                                        for _ in names)
     lines += ["", "Live windows of ratings, mean over seeds: mean rating and preferred share of "
               "the window; KL (per token),", "ppl (held-out corpus) and pplP (its replies in the "
@@ -88,11 +95,11 @@ def format_table(report: dict) -> str:
                                _mean(w["perplexity_preferred"], ".3f"))
             row.append(f"{text:<28}")
         label = "base" if w0["ratings"] == 0 else str(w0["ratings"])
-        lines.append(f"{label:>8} | " + " | ".join(row))
+        lines.append(f"{label:>12} | " + " | ".join(row))
     final_n = max(plan["probe"], plan["final_probe"])
     rows = [
-        ("ratings to target", lambda s: _reach(s["ratings_to_target"], "not reached")),
-        ("ratings to target, held", lambda s: _reach(s["ratings_to_target_held"], "not held")),
+        (f"{x} to target", lambda s: _reach(s["ratings_to_target"], "not reached")),
+        (f"{x} to target, held", lambda s: _reach(s["ratings_to_target_held"], "not held")),
         ("time to target, held (s)", lambda s: _agg(s["seconds_to_target_held"], ".0f")),
         ("live window, held", lambda s: _reach(s["window_ratings_to_target_held"], "not held")),
         (f"final probe ({final_n}) mean", lambda s: _agg(s["final_probe_mean_rating"], ".2f")),
@@ -114,10 +121,10 @@ def format_table(report: dict) -> str:
         ("loop time (s)", lambda s: _agg(s["loop_seconds"], ".0f")),
         ("probe + measure time (s)", lambda s: f"{_mean(s['probe_seconds'], '.0f')} + "
                                                f"{_mean(s['measure_seconds'], '.0f')}")]
-    lines += ["", f"{'mean over seeds (min–max)':<27}" + "".join(
+    lines += ["", f"{'mean over seeds (min–max)':<30}" + "".join(
         f"{methods[m]['label'][:25]:>26}" for m in names)]
     for title, fn in rows:
-        lines.append(f"{title:<27}" + "".join(f"{fn(methods[m]['summary']):>26}"
+        lines.append(f"{title:<30}" + "".join(f"{fn(methods[m]['summary']):>26}"
                                               for m in names))
     lines += ["", "Rating model, cross-validated Spearman by round (mean over seeds; '-' where "
               "the method has none):"]
@@ -207,10 +214,10 @@ def save_plot(report: dict, path: str | Path) -> Path:
         right.plot(s["x"], s["kl"], marker="o", ms=3, label=s["label"], color=colour)
     left.axhline(report["plan"]["target"], color="grey", lw=0.8, ls="--", label="target")
     seeds = len(report.get("seeds") or [0])
-    left.set(xlabel="ratings", ylabel=f"probe mean rating ({report['plan']['probe']} prompts)",
+    left.set(xlabel=unit(report), ylabel=f"probe mean rating ({report['plan']['probe']} prompts)",
              ylim=(0.8, 5.2), title=f"rater: {report['rater']['name']}; mean of {seeds} "
                                     "seed(s), band min–max")
-    right.set(xlabel="ratings", ylabel="KL to base (nats / token)", title="KL to the base")
+    right.set(xlabel=unit(report), ylabel="KL to base (nats / token)", title="KL to the base")
     left.legend(fontsize=8, loc="lower right")
     for ax in (left, right):
         ax.grid(alpha=0.3)
@@ -237,7 +244,7 @@ def build_svg(data: dict, report: dict, width: int = 900, height: int = 360) -> 
             return f"{ox + x / xmax * pw:.1f},{20 + ph - (y - lo) / (hi - lo) * ph:.1f}"
         parts.append(f'<rect x="{ox}" y="20" width="{pw}" height="{ph}" fill="none" '
                      'stroke="#888"/>')
-        parts.append(f'<text x="{ox}" y="14">{title} vs ratings (0-{xmax}); '
+        parts.append(f'<text x="{ox}" y="14">{title} vs {unit(report)} (0-{xmax}); '
                      f'y {lo:.3g}-{hi:.3g}</text>')
         for i, (name, s) in enumerate(data.items()):
             colour = COLOURS.get(name, "#444")

@@ -165,3 +165,13 @@ def test_table_and_svg_show_means_and_ranges():
     assert data["reinf"]["lo"] == [2.0, 3.8, 4.4] and data["reinf"]["hi"] == [2.0, 4.4, 4.4]
     svg = build_svg(data, report)
     assert svg.count("<polyline") == 4 and svg.count("<polygon") == 2   # a band per method
+
+
+def test_with_pairs_the_axis_counts_interactions():
+    report = fake_report({"reinf": [fake_run(0, [2.0, 3.8, 4.4])]}, ratings=32)
+    assert "ratings to target" in format_table(report)
+    report["plan"]["pairs_every"] = 4
+    text = format_table(report)
+    assert "32 interactions a run" in text and "interactions to target, held" in text
+    assert "ratings to target" not in text
+    assert "vs interactions" in build_svg(series(report), report)
