@@ -53,7 +53,7 @@ from reinf.training import checkpoints
 from reinf.training.ppo import Policy, ValueHead, build_rollout, update_mode, weighted_mean
 from reinf.training.session import (fresh_adapter, load_base, prepare_for_training,
                                     resolve_train_device)
-from reinf.training.trainer import promote
+from reinf.training.promotion import promote
 
 log = logging.getLogger("reinf.bench.baselines")
 BENCH_EXTRA = 'pip install -e ".[bench]"'

@@ -44,7 +44,7 @@ def _mean(a: dict | None, fmt: str, missing: str = "-") -> str:
 def unit(report: dict) -> str:
     """What the x axis counts: ratings, or interactions when some of them are pairs
     (``--pairs-every``)."""
-    return "interactions" if report["plan"].get("pairs_every") else "ratings"
+    return "interactions" if (report.get("plan") or {}).get("pairs_every") else "ratings"
 
 
 def format_table(report: dict) -> str:

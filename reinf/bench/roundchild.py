@@ -2,7 +2,7 @@
 ``reinf bench speed`` runs (through ``ChildRunner(command=...)``) to split a real round.
 
 ``python -m reinf.bench.roundchild`` takes the arguments of ``python -m
-reinf.training.trainer`` and runs its ``main``, so the process, its niceness, its threads, its
+reinf.training.child`` and runs its ``main``, so the process, its niceness, its threads, its
 store and its checkpoint are the daemon's own; the only difference is that
 ``train_round`` is given a progress callback that notes when each stage starts (the trainer
 reports its stages: rewards, load, rating_model, rollouts, update, gate, checkpoint). The
@@ -58,10 +58,10 @@ def install() -> None:
 
 if __name__ == "__main__":
     install()
-    from reinf.training.trainer import main
+    from reinf.training.child import main
 
     code = main()
-    # As the trainer's own __main__: everything is written; skip the interpreter's teardown.
+    # As the child's own __main__: everything is written; skip the interpreter's teardown.
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

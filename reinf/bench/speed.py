@@ -187,8 +187,8 @@ def measure_rating_to_answer(cfg, loaded, home: Path, ratings: int, *,
     from the new checkpoint. See item 4 of the module docstring.
 
     The engine, the store, the ``Daemon`` (its scheduler, its ``ChildRunner``, its swap) are
-    the server's own; the child runs ``reinf.bench.roundchild`` (the trainer's ``main`` with a
-    stage clock). After the last rating this process does nothing but look, every ``poll``
+    the server's own; the child runs ``reinf.bench.roundchild`` (the trainer child's ``main`` with
+    a stage clock). After the last rating this process does nothing but look, every ``poll``
     seconds, whether the engine serves a new checkpoint, then sends the next message."""
     from reinf.serving.chat import ChatService
     from reinf.config import load_config, render_yaml
@@ -205,7 +205,7 @@ def measure_rating_to_answer(cfg, loaded, home: Path, ratings: int, *,
 
     def command(trigger: str, force: bool) -> list[str]:
         argv = build_command(trigger, force, config_file=cfg.source)
-        assert argv[1:3] == ["-m", "reinf.training.trainer"], argv
+        assert argv[1:3] == ["-m", "reinf.training.child"], argv
         return [argv[0], "-m", "reinf.bench.roundchild", *argv[3:]]
 
     store = Store.open(cfg)

@@ -66,7 +66,7 @@ def train_here(app, *, force: bool, progress: bool):
     """One round in this process -> (exit code, payload, error)."""
     from reinf.errors import Conflict
     from reinf.daemon.lock import acquire_train_lock, train_lock_holder
-    from reinf.training.trainer import ProgressBar, apply_process_settings, run_once
+    from reinf.training.child import ProgressBar, apply_process_settings, run_once
 
     config, store = app.config, app.store
     # one round at a time, the daemon's included

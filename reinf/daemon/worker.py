@@ -1,4 +1,4 @@
-"""The child trainer: spawn ``python -m reinf.training.trainer``, watch it, and say how it ended.
+"""The child trainer: spawn ``python -m reinf.training.child``, watch it, and say how it ended.
 
 A round runs in its own process so that a crash, an out-of-memory kill or a hung reward
 hook never takes the chat down, and so that its memory goes back to the system. The
@@ -40,7 +40,7 @@ from reinf.errors import ReinfError
 from reinf.training.outcome import RoundOutcome
 
 log = logging.getLogger("reinf.daemon.worker")
-child_log = logging.getLogger("reinf.training.trainer.child")
+child_log = logging.getLogger("reinf.training.child")
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 5.0
@@ -72,7 +72,8 @@ class Outcome:
 
 def build_command(trigger: str, force: bool = False, *,
                   config_file: str | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "reinf.training.trainer", "--json", "--no-progress", "--trigger", trigger]
+    cmd = [sys.executable, "-m", "reinf.training.child", "--json", "--no-progress",
+           "--trigger", trigger]
     if config_file:
         cmd += ["--config", config_file]
     return cmd + (["--force"] if force else [])

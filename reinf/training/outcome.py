@@ -1,6 +1,6 @@
 """How a training round ended, in one place: exit code <-> status <-> error kind.
 
-``python -m reinf.training.trainer`` and ``reinf train`` exit with a round's code; the
+``python -m reinf.training.child`` and ``reinf train`` exit with a round's code; the
 daemon (reinf.daemon.worker) reads the child's code and JSON back; ``reinf train`` turns the
 result a running server sends into the same code. All three go through ``RoundOutcome``
 (docs/training.md, "Exit codes"):

@@ -54,7 +54,7 @@ import os, pathlib, time
 def reward_mapper(score, metadata):
     caller = pathlib.Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     gate = pathlib.Path(os.environ["REINF_HOME"], "gate")
-    while b"reinf.training.trainer" in caller and not gate.exists():
+    while b"reinf.training.child" in caller and not gate.exists():
         time.sleep(0.02)
     return (score - 3) / 2
 """

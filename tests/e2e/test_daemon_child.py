@@ -1,4 +1,4 @@
-"""The daemon with the real child trainer (``python -m reinf.training.trainer``) and the real engine,
+"""The daemon with the real child trainer (``python -m reinf.training.child``) and the real engine,
 on a tiny random model: a round is swapped in, and a hung reward hook is killed while
 chat goes on."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ from reinf.config import load_config
 from reinf.storage.store import Store
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(importlib.util.find_spec("reinf.training.trainer") is None,
-                                 reason="reinf/training/trainer.py (the child entry point) has not "
+              pytest.mark.skipif(importlib.util.find_spec("reinf.training.child") is None,
+                                 reason="reinf/training/child.py (the child entry point) has not "
                                         "landed yet")]
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
 

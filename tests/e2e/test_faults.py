@@ -276,7 +276,7 @@ def test_a_kill_at_any_point_of_promotion_never_leaves_an_active_checkpoint_unfi
 
     from reinf.storage.store import Store
     from reinf.training import checkpoints
-    from reinf.training.trainer import promote
+    from reinf.training.promotion import promote
 
     root = checkpoints.root_dir(config)
     path = root / "r0001-20300101-000000-abcd"

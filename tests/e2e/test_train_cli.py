@@ -1,4 +1,4 @@
-"""`reinf train` and `python -m reinf.training.trainer`: messages, --json, exit codes."""
+"""`reinf train` and `python -m reinf.training.child`: messages, --json, exit codes."""
 import json
 import subprocess
 import sys
@@ -102,7 +102,7 @@ def test_child_process_same_behaviour(home, model_dir):
     config = write_config(home, model_dir)
     add_turns(config, model_dir)
     env = clean_env(home, REINF_TRAIN_THREADS="1")
-    cmd = [sys.executable, "-m", "reinf.training.trainer", "--json", "--trigger", "schedule"]
+    cmd = [sys.executable, "-m", "reinf.training.child", "--json", "--trigger", "schedule"]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == RoundOutcome.SUCCEEDED.exit_code, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])

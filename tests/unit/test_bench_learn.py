@@ -7,8 +7,9 @@ import statistics
 
 import pytest
 
-from reinf.bench.learn import (LearnPlan, aggregate, aggregate_reach, check_goals,
-                               curve_to_target, mean_curve, summarize_method, value_at)
+from reinf.bench.aggregate import (aggregate, aggregate_reach, check_goals, curve_to_target,
+                                   mean_curve, summarize_method, value_at)
+from reinf.bench.learn import LearnPlan
 from reinf.bench.plot import build_svg, format_table, series
 
 

@@ -295,7 +295,7 @@ def test_kl_loss_pulls_sampled_tokens_back_towards_the_base(kl_loss_coef):
 def test_the_gate_reads_the_value_loss_only_where_the_value_head_trained():
     """RLOO rounds report value_loss as nan (no value head); that is no NaN in the round.
     A GAE round's nan value loss still is."""
-    from reinf.training.trainer import gate
+    from reinf.training.promotion import gate
 
     ok = {"reward_mean": 0.1, "kl": 0.01, "policy_loss": -0.02, "nan": False}
     assert gate({**ok, "value_loss": math.nan, "advantage": "rloo"}, kl_max=1.0) is None

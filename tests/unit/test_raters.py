@@ -17,7 +17,7 @@ import types
 import pytest
 from conftest import clean_env
 
-from reinf.bench.learn import ratings_to_target
+from reinf.bench.aggregate import ratings_to_target
 from reinf.bench.baselines import build_kto_rows, kto_weights
 from reinf.bench.plot import build_svg
 from reinf.demo.corpus import detect_styles, generate_corpus

@@ -376,7 +376,7 @@ def test_a_round_that_trained_on_turns_forgotten_while_it_ran_is_not_promoted(co
     forgotten while it trains; the promotion refuses in its own transaction, the run is
     rejected saying how many, the active checkpoint stays, and the files are removed."""
     from reinf.training import checkpoints
-    from reinf.training.trainer import promote
+    from reinf.training.promotion import promote
 
     conv = store.create_conversation().id
     kept, lost, after = (add_turn(store, conv, msg=m) for m in ("a", "my secret is X", "b"))

@@ -1,6 +1,6 @@
 """The child-trainer runner with fake children: real processes, real signals, real rows.
 
-Each fake child is a short Python script that does what ``python -m reinf.training.trainer`` does
+Each fake child is a short Python script that does what ``python -m reinf.training.child`` does
 to the store (a run row with its own pid, a checkpoint, the JSON last line) and then
 misbehaves in one way. The runner code under test is the one the daemon uses; only the
 command differs.

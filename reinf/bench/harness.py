@@ -1,0 +1,361 @@
+"""``reinf bench learn``'s harness: one method on one seed's stream, through the daemon's code.
+
+``run_method`` is the loop of one run (``reinf.bench.learn.run_learn`` runs it for every method
+and seed): in a temporary data directory of its own (``build_context``), ``ChatService`` and
+``Engine`` generate and store each turn, the simulated rater's score is stored with
+``Store.rate``, ``reinf.daemon.scheduler.run_job`` trains as soon as ``train_after`` new
+ratings wait, through ``InlineRunner`` (``run_once`` in this process) or the daemon's
+``ChildRunner`` (``--child``) or a baseline's runner (``reinf.bench.baselines``), and
+``adopt`` hot-swaps a promoted checkpoint in, as ``Daemon._adopt`` does. After every round
+the ``Probe`` measures the active checkpoint. What it returns is the per-seed detail of the
+report; ``reinf.bench.aggregate`` takes it over seeds.
+
+**The probe curve.** After every round, the active checkpoint answers the first ``probe`` of
+the probe prompts in their fixed order (repeated in order when there are fewer; sampled in
+batches of 16, block b with seed ``PROBE_SEED + b``: the same for every round, method and
+seed) and a judge
+(the rater, seeded ``PROBE_SEED``) rates them; the same pass measures KL to the base and
+perplexity on the demo corpus's held-out slice (``reinf.bench.probe``; about a quarter of
+the probe's time, so it runs per round too).
+**Pairs** (``pairs_every`` N, ``--pairs-every``): every Nth interaction the simulated person
+gives a pair instead of a rating, at the same cost (``give_pair``): the reply, another one to
+the same message through regenerate's path, the better of the two by the rater picked (a
+regenerate pair), a tie when it scores them the same. The x axis (``ratings`` in the curves)
+then counts interactions, ratings and pairs alike, a round comes after every ``train_after``
+interactions, and the live windows count the first reply of a pair as a rating would.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from reinf.bench.aggregate import curve_to_target, ratings_to_target
+
+if TYPE_CHECKING:  # for the annotations only: reinf.bench.learn imports this module
+    from reinf.bench.learn import LearnPlan
+
+PROBE_SEED = 1_000_003      # probe prompts, sampling seeds, judge: fixed across rounds and runs
+PAIR_SEED = 50_000          # a pair's second reply: its sampling seed is the first's + this
+
+
+@dataclass
+class Context:
+    """One method's run: its own data directory, store, engine and rounds."""
+    method: str
+    config: Any
+    store: Any
+    engine: Any
+    chat: Any
+    runner: Any
+    home: Path
+    rounds: list[dict] = field(default_factory=list)
+
+
+def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
+    from reinf.serving.chat import ChatService
+    from reinf.config import load_config, render_yaml
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
+
+    home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{method}-"))
+    link_pulled_model(config, home)
+    # the first version's method: rated replies only, the KL penalty in the return only
+    extra = {"training_method": "rated", "kl_loss_coef": 0.0} if method == "rated" else {}
+    cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=k,
+                         train_interval_minutes=0.0, **extra)
+    # A config file in the data directory, so a child trainer (--child) sees these settings.
+    (home / "config.yaml").write_text(render_yaml(cfg), encoding="utf-8")
+    cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
+    store = Store.open(cfg)
+    engine = Engine.load(cfg)
+    if method not in ("reinf", "rated"):
+        from reinf.bench.baselines import BaselineRunner
+        runner = BaselineRunner(method, cfg, store)
+    elif plan.child:
+        from reinf.daemon.worker import ChildRunner
+        runner = ChildRunner(cfg, store)
+    else:
+        runner = InlineRunner(cfg, store)
+    return Context(method, cfg, store, engine, ChatService(engine, store, cfg), runner, home)
+
+
+def link_pulled_model(config, home: Path) -> None:
+    """A named model (``reinf pull``) lives in the person's data directory; the run's own
+    temporary one links to it, so the name (and the model's preset defaults) still apply."""
+    from reinf.catalog import KNOWN_MODELS, pulled_dir
+
+    name = config.model.model_path
+    if name in KNOWN_MODELS and KNOWN_MODELS[name].source is not None:
+        source = pulled_dir(config.data_dir, name)
+        if source.is_dir():
+            target = pulled_dir(home, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source.resolve(), target_is_directory=True)
+
+
+class InlineRunner:
+    """ChildRunner's interface in this process: ``reinf.training.child.run_once`` under the train
+    lock, its JSON result read back by the daemon's own ``reinf.daemon.worker.interpret``."""
+
+    def __init__(self, config, store):
+        self.config, self.store, self.pid = config, store, None
+
+    def run(self, trigger: str, *, force: bool = False):
+        from reinf.daemon.lock import acquire_train_lock
+        from reinf.training.child import run_once
+        from reinf.daemon.worker import Outcome, interpret
+
+        started = time.monotonic()
+        lock = acquire_train_lock(self.config, trigger=trigger)
+        if lock is None:
+            return Outcome("skipped", "another training round is already running")
+        try:
+            code, payload, _ = run_once(self.config, self.store, trigger=trigger, force=force)
+        finally:
+            lock.release()
+        outcome = interpret(code, [json.dumps(payload)], [], None)
+        outcome.seconds = time.monotonic() - started
+        return outcome
+
+
+def adopt(ctx: Context, outcome) -> dict:
+    """What ``Daemon._round`` does with a round's outcome: swap a promoted checkpoint in."""
+    result = outcome.to_dict()
+    if outcome.status == "succeeded" and outcome.checkpoint_id:
+        record = ctx.store.get_checkpoint(outcome.checkpoint_id)
+        result["swap_pause_ms"] = ctx.engine.request_swap(outcome.checkpoint_id, record.path)
+    return result
+
+
+def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: dict,
+               progress: Callable[[str], None]) -> dict:
+    """One method on one seed's stream: the per-seed detail of the report."""
+    import shutil
+
+    import torch
+
+    from reinf.bench.raters import load_rater
+    from reinf.daemon.scheduler import run_job, utcnow
+
+    torch.manual_seed(seed)
+    ctx = build_context(method, config, plan, k)
+    tag = f"[{method} seed {seed}]"
+    try:
+        rater = load_rater(plan.rater, seed=seed)
+        if "heldout" not in shared:
+            prepare_shared(ctx, plan, shared)
+        probe = Probe(ctx, plan, shared, progress)
+        if "base" not in shared:
+            shared["base"] = probe.measure(max(plan.probe, plan.final_probe))
+            shared["base_curve"] = probe.measure(plan.probe)
+        curve = [{"ratings": 0, "seconds": 0.0, **shared["base_curve"]}]
+        windows = [{"ratings": 0, **shared["base_curve"]}]
+
+        def round_fn(trigger: str, force: bool) -> dict:
+            return adopt(ctx, ctx.runner.run(trigger, force=force))
+
+        scores, preferred, loop = [], [], 0.0
+        picks: Counter = Counter()
+        last_round = 0
+        for i, prompt in enumerate(shared["prompt_plan"].streams[seed]):
+            n = i + 1
+            t0 = time.perf_counter()
+            if plan.pairs_every and n % plan.pairs_every == 0:
+                score, good, outcome = give_pair(ctx, rater, prompt, seed * 100_003 + i)
+                picks[outcome] += 1
+            else:
+                turn = ctx.chat.send(prompt, seed=seed * 100_003 + i)
+                score = rater(prompt, turn.reply)
+                ctx.store.rate(turn.id, score)
+                good = rater.is_preferred(turn.reply, score, prompt=prompt)
+            scores.append(score)
+            preferred.append(good)
+            t1 = time.perf_counter()
+            if plan.pairs_every:  # a round after every k interactions, ratings and pairs alike
+                result = run_job("ratings", force=False, round_fn=round_fn, store=ctx.store,
+                                 now=utcnow) if n - last_round >= k else {"status": "skipped"}
+            else:
+                result = run_job("ratings", force=False, round_fn=round_fn, store=ctx.store,
+                                 now=utcnow, min_waiting=k)
+            last_round = n if result["status"] != "skipped" else last_round
+            loop += time.perf_counter() - t0
+            if result["status"] != "skipped":
+                rnd = {**summarize_round(result, n), "wall_seconds": time.perf_counter() - t1}
+                ctx.rounds.append(rnd)
+                point = probe.measure(plan.probe)
+                curve.append({"ratings": n, "seconds": loop, "status": rnd["status"],
+                              "mode": rnd.get("mode"), "rating_model_consistency":
+                                  rnd.get("rating_model_consistency"), **point})
+                progress(f"{tag} round after {n}: {rnd['status']}"
+                         f"{' (' + rnd['mode'] + ')' if rnd.get('mode') else ''} in "
+                         f"{rnd['wall_seconds']:.1f} s; probe mean {point['probe_mean_rating']:.2f}"
+                         f", preferred {point['probe_preferred_share']:.0%}, KL {point['kl']:.4f}")
+            if n % plan.window == 0 or n == plan.ratings:
+                last = windows[-1]["ratings"]
+                windows.append({"ratings": n, "mean_rating": statistics.fmean(scores[last:]),
+                                "preferred_share": statistics.fmean(preferred[last:]),
+                                "rounds": len(ctx.rounds), "seconds": loop,
+                                **probe.measure(plan.probe)})
+                w = windows[-1]
+                progress(f"{tag} {n}/{plan.ratings} ratings: live mean {w['mean_rating']:.2f}, "
+                         f"preferred {w['preferred_share']:.0%}; ppl {w['perplexity']:.3f} "
+                         f"(preferred style {w['perplexity_preferred'] or 0:.3f}), {loop:.0f} s")
+        final = probe.measure(max(plan.probe, plan.final_probe))
+        points = [(p["ratings"], p["probe_mean_rating"]) for p in curve]
+        reached = curve_to_target(points, plan.target)
+        held = curve_to_target(points, plan.target, held=True)
+        at = {p["ratings"]: p["seconds"] for p in curve}
+        pauses = [r["swap_pause_ms"] for r in ctx.rounds if r.get("swap_pause_ms") is not None]
+        modes = Counter(r["mode"] for r in ctx.rounds if r.get("mode"))
+        return {
+            "seed": seed, "curve": curve, "windows": windows, "final": final,
+            "rounds": ctx.rounds, "modes": dict(modes) if modes else None,
+            "ratings_to_target": reached, "seconds_to_target": at.get(reached),
+            "ratings_to_target_held": held, "seconds_to_target_held": at.get(held),
+            "window_ratings_to_target_held": ratings_to_target(scores, plan.window,
+                                                               plan.target, held=True),
+            "scores": scores, "preferred": [int(p) for p in preferred],
+            "pairs": dict(picks) if plan.pairs_every else None,
+            "loop_seconds": loop, "probe_seconds": probe.generate_seconds,
+            "measure_seconds": probe.measure_seconds,
+            "round_seconds": statistics.fmean(r["wall_seconds"] for r in ctx.rounds)
+            if ctx.rounds else None,
+            "rounds_succeeded": sum(r["status"] == "succeeded" for r in ctx.rounds),
+            "rounds_rejected": sum(r["status"] == "rejected" for r in ctx.rounds),
+            "rounds_failed": sum(r["status"] == "failed" for r in ctx.rounds),
+            "swap_pause_ms_median": statistics.median(pauses) if pauses else None,
+            "data_dir": str(ctx.home) if plan.keep else None,
+        }
+    finally:
+        ctx.store.close()
+        if not plan.keep:
+            shutil.rmtree(ctx.home, ignore_errors=True)
+
+
+def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, str]:
+    """An interaction that gives a pair instead of a rating: the reply to ``prompt``, then
+    another to the same message through regenerate's path (``ChatService.stream_again``);
+    the rater scores both, the better one is picked (``ChatService.pick``: a regenerate
+    pair), equal scores are stored as a tie. Returns the first reply's score and preferred
+    flag (what the live windows count, as for a rating) and the outcome (a, b or tie)."""
+    first = ctx.chat.send(prompt, seed=seed)
+    second = ctx.chat.stream_again(first.id, seed=seed + PAIR_SEED).wait()
+    score, other = rater(prompt, first.reply), rater(prompt, second.reply)
+    if score == other:
+        ctx.store.add_pair(prompt, "tie", source="regenerate", a_turn_id=first.id,
+                           b_turn_id=second.id)
+        outcome = "tie"
+    else:
+        ctx.chat.pick(first.id if score > other else second.id)
+        outcome = "a" if score > other else "b"
+    return score, rater.is_preferred(first.reply, score, prompt=prompt), outcome
+
+
+def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
+    """What every method and seed measures against: held-out corpus items and their ratings,
+    the probe prompts (the plan's, in their fixed order, repeated to the size needed), and
+    the model's name."""
+    from reinf.bench.probe import load_heldout
+    from reinf.bench.prompts import repeat_to
+    from reinf.bench.raters import load_rater
+
+    heldout = load_heldout(ctx.engine.tokenizer, plan.heldout)
+    judge = load_rater(plan.rater, seed=PROBE_SEED + 1)  # its own stream: held-out ratings
+    shared["heldout"] = heldout
+    shared["heldout_scores"] = [judge(p, r) for p, r in zip(heldout.prompts, heldout.replies)]
+    shared["heldout_preferred"] = [judge.is_preferred(r, s, prompt=p) for p, r, s in
+                                   zip(heldout.prompts, heldout.replies,
+                                       shared["heldout_scores"])]
+    shared["probe_prompts"] = repeat_to(shared["prompt_plan"].probe,
+                                        max(plan.probe, plan.final_probe))
+    shared["model"] = {"name": ctx.engine.model_name, "parameters":
+                       sum(p.numel() for p in ctx.engine.model.parameters())}
+
+
+class Probe:
+    """The probe of one run: replies of the active checkpoint to the held-out probe prompts,
+    rated by a judge, then KL, perplexity and predicted rewards (``reinf.bench.probe``).
+
+    The replies are sampled in batches (``reinf.bench.probe.sample_probe``: block b of 16
+    prompts with seed ``PROBE_SEED + b``, so reply j is the same for every probe size) and
+    reply j is rated by the j-th call of that checkpoint's judge, so a checkpoint's replies
+    are cached and extended (64 per round, 128 at the end) and its figures are computed once
+    per probe size; the base's are shared by every method and seed."""
+
+    def __init__(self, ctx: Context, plan: LearnPlan, shared: dict,
+                 progress: Callable[[str], None] | None = None):
+        self.ctx, self.plan, self.shared = ctx, plan, shared
+        self.say = progress
+        self.cache: dict[str | None, dict] = {None: shared.setdefault("base_probe", {})}
+        self.generate_seconds = self.measure_seconds = 0.0
+
+    def progress(self, done: int, total: int) -> None:
+        if self.say is not None:
+            self.say(f"  probe: {done}/{total} replies")
+
+    def measure(self, n: int) -> dict:
+        active = self.ctx.store.active_checkpoint()
+        entry = self.cache.setdefault(active.id if active else None, {})
+        if not entry:
+            from reinf.bench.raters import load_rater
+            entry.update(judge=load_rater(self.plan.rater, seed=PROBE_SEED), replies=[],
+                         results={})
+        if n not in entry["results"]:
+            entry["results"][n] = self._measure(active, entry, n)
+        return dict(entry["results"][n])
+
+    def _measure(self, active, entry: dict, n: int) -> dict:
+        from reinf.bench.probe import (load_policy, measure_policy, sample_probe, spearman,
+                                       subset_perplexity)
+
+        engine, replies, judge = self.ctx.engine, entry["replies"], entry["judge"]
+        started = time.perf_counter()
+        if len(replies) < n:
+            for reply in sample_probe(engine, self.shared["probe_prompts"], len(replies), n,
+                                      seed=PROBE_SEED, progress=self.progress):
+                score = judge(reply.prompt, reply.text)
+                replies.append((reply, score, judge.is_preferred(reply.text, score,
+                                                                 prompt=reply.prompt)))
+        measured = time.perf_counter()
+        self.generate_seconds += measured - started
+        probe = replies[:n]
+        policy = load_policy(self.ctx.config, active.path if active else None,
+                             cache=self.shared)
+        episodes = [(r.prompt_ids, r.reply_ids, r.logprobs, r.gen_params["temperature"], 0.0,
+                     1.0) for r, _, _ in probe if r.reply_ids]
+        m = measure_policy(policy, episodes, self.shared["heldout"], adapter=active is not None,
+                           batch_size=self.ctx.config.ppo.batch_size * 2)
+        self.measure_seconds += time.perf_counter() - measured
+        shared = self.shared
+        return {"probe_mean_rating": statistics.fmean(s for _, s, _ in probe),
+                "probe_preferred_share": statistics.fmean(g for _, _, g in probe),
+                "kl": m["kl"], "perplexity": m["perplexity"], "probe": len(probe),
+                "perplexity_preferred": subset_perplexity(
+                    m["heldout_nll"], m["heldout_tokens"], shared["heldout_preferred"]),
+                "active_checkpoint": active.id if active else None,
+                "consistency_probe": spearman(m["probe_values"],
+                                              [s for r, s, _ in probe if r.reply_ids]),
+                "consistency_heldout": spearman(m["heldout_values"], shared["heldout_scores"])}
+
+
+def summarize_round(result: dict, after: int) -> dict:
+    m = result.get("metrics") or {}
+    keys = ("kl", "approx_kl", "kl_coef", "reward_mean", "samples", "steps", "epochs_run", "loss",
+            "explained_variance", "clipfrac", "seconds", "mode", "mode_reason",
+            "rating_model_consistency", "rating_model_consistency_ceiling", "rollouts",
+            "predicted_score_mean", "rollout_seconds",
+            "fluency_change", "staleness", "advantage", "rating_model_pairs",
+            "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only")
+    by_model = (m.get("vs_base") or {}).get("by_rating_model") or {}
+    return {"after_ratings": after, "status": result["status"],
+            "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),
+            "swap_pause_ms": result.get("swap_pause_ms"),
+            **{k: m[k] for k in keys if k in m},
+            **({"win_rate_vs_base": by_model.get("win_rate"),
+                "vs_base_seconds": by_model.get("seconds")} if by_model else {})}

@@ -1,0 +1,163 @@
+"""What a round trains on: its mode, as the rating model decides, and its batch in rollout mode.
+
+Stages 1 to 3 of a round (``reinf.training.trainer`` runs them in order; docs/training.md):
+
+- ``plan_round`` (stage 1) fits the person's **rating model** on every rating that is not
+  forgotten and on their picks (``reinf.training.rating_model``, ``reinf.training.pairs``);
+  its cross-validated Spearman decides the mode: ``rollouts`` once it is trustworthy, else
+  ``rated`` (the cold start, and ``training.method: rated``), PPO on the rated replies alone;
+- ``collect_rollouts`` (stages 2 and 3, rollout mode only) samples fresh replies from the
+  current adapter (``reinf.training.rollouts``), scores them with the rating model and the
+  person's reward mapper, and keeps the person's rated replies to the same prompts beside
+  them: one group per prompt.
+
+``usable`` is the one rule for the rated turns the models can read; the gate's measures
+(``reinf.training.promotion``) use it too. torch loads inside the functions only.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from reinf.training.pairs import PairRows
+
+
+# --- stage 1: the rating model ----------------------------------------------------------
+
+@dataclass
+class RoundPlan:
+    mode: str                       # "rollouts" | "rated"
+    reason: str                     # why, in words, for `reinf status`
+    rating_model: Any               # RatingModel | None
+    metrics: dict[str, Any]
+    pairs: PairRows = field(default_factory=PairRows)  # the picks the rating model read
+
+
+def plan_round(config, store, rated, session, report, *, read_at=None) -> RoundPlan:
+    """Fit the rating model on the ``rated`` samples (every rating that is not forgotten,
+    newest first) and the person's picks (reinf.training.pairs), and decide the mode: fresh
+    rollouts once it is trustworthy, else the rated replies alone (the cold start)."""
+    from reinf.training.pairs import collect_pairs
+    from reinf.training.rating_model import (PairSet, cross_validated_pair_accuracy,
+                                             fit_rating_model, reply_features, spearman_ceiling)
+    from reinf.training.session import unreadable
+
+    t = config.training
+    if t.method == "rated":
+        return RoundPlan("rated", "training.method is rated", None, {})
+    report({"stage": "rating_model"})
+    started = time.perf_counter()
+    rated = [s for s in rated[:t.rating_model_max] if usable(session, s)]
+    metrics: dict[str, Any] = {"rating_model_ratings": len(rated)}
+    if len(rated) < t.min_ratings:
+        return RoundPlan("rated", f"cold start: {len(rated)} of the {t.min_ratings} ratings the "
+                         "rating model needs (training.min_ratings)", None, metrics)
+    # The person's picks join the ratings: their sides are rated rows, or rows of their own.
+    picked = collect_pairs(store, rated, limit=t.rating_model_max, until=read_at,
+                           unreadable=lambda p, r: unreadable(session, p, r)) \
+        if t.pair_weight > 0 else PairRows()
+    features = reply_features(session.policy.model,
+                              [(s.prompt_ids, s.reply_ids) for s in rated] + picked.sides,
+                              batch_size=config.ppo.batch_size * 2)
+    scores = [s.score for s in rated]
+    seed = config.ppo.seed + session.counters["round"]
+    pairs = PairSet.of(picked.rows) if picked.rows else None
+    model = fit_rating_model(features, scores, heads=t.rating_heads, seed=seed, pairs=pairs,
+                             pair_weight=t.pair_weight)
+    accuracy, alone, held = cross_validated_pair_accuracy(
+        features, scores, pairs, pair_weight=t.pair_weight, seed=seed) if pairs else \
+        (None, None, 0)
+    metrics.update(rating_model_consistency=model.consistency,
+                   rating_model_consistency_ceiling=spearman_ceiling(scores),
+                   rating_model_strength=model.strength,
+                   rating_model_pairs=len(picked.rows),
+                   rating_model_pair_accuracy=accuracy,
+                   rating_model_pair_accuracy_ratings_only=alone,
+                   rating_model_pairs_held_out=held,
+                   rating_model_pair_scale=model.pair_scale,
+                   rating_model_seconds=time.perf_counter() - started)
+    if picked.skipped:
+        metrics["rating_model_pairs_skipped"] = picked.skipped
+    if model.consistency is None:
+        return RoundPlan("rated", "cold start: the ratings so far are all the same, so the "
+                         "rating model cannot be checked", model, metrics, picked)
+    if model.consistency < t.min_consistency:
+        return RoundPlan("rated", f"cold start: the rating model's cross-validated Spearman "
+                         f"{model.consistency:.2f} is below training.min_consistency "
+                         f"{t.min_consistency}", model, metrics, picked)
+    return RoundPlan("rollouts", f"the rating model predicts held-out ratings with Spearman "
+                     f"{model.consistency:.2f} (>= {t.min_consistency}, {len(rated)} ratings"
+                     + (f", {len(picked.rows)} picks" if picked.rows else "") + ")",
+                     model, metrics, picked)
+
+
+def usable(session, sample) -> bool:
+    """A rated turn the models can read (a reply, and nothing ``unreadable`` about it)."""
+    from reinf.training.session import unreadable
+
+    return bool(sample.reply_ids) and unreadable(session, sample.prompt_ids,
+                                                 sample.reply_ids) is None
+
+
+# --- stage 2 and 3: rollouts and their rewards --------------------------------------------
+
+def collect_rollouts(config, session, rating_model, samples, episodes, *, now, seed: int,
+                     report) -> tuple[list[tuple], list[int], dict[str, Any]]:
+    """The round's episodes in rollout mode, with their group ids (one group per prompt).
+
+    Fresh replies are sampled from the current adapter for ``rollout_prompts`` prompts,
+    ``rollouts_per_prompt`` each, scored pessimistically by the rating model, and passed
+    through the person's reward mapper and critics with their own metadata. The person's
+    rated replies to the same prompts stay in the batch with their real score.
+    """
+    from reinf.records import Sample
+    from reinf.rewards.mapper import compute_rewards
+    from reinf.training.rating_model import reply_features
+    from reinf.training.rollouts import choose_prompts, sample_rollouts
+
+    t, g = config.training, config.generation
+    started = time.perf_counter()
+    fits = [s for s in samples if usable(session, s)]
+    max_new = t.rollout_max_new_tokens or g.max_new_tokens
+    fits = [s for s in fits if len(s.prompt_ids) + max_new <= session.context_limit] or fits
+    prompts = choose_prompts(fits, t.rollout_prompts, newest=math.ceil(t.rollout_prompts / 2),
+                             seed=seed)
+    text_of = {tuple(s.prompt_ids): s.prompt for s in fits}
+    total = len(prompts) * t.rollouts_per_prompt
+    report({"stage": "rollouts", "done": 0, "total": total})
+    rollouts = sample_rollouts(
+        session.policy.model, session.loaded.tokenizer, prompts, t.rollouts_per_prompt,
+        temperature=g.temperature, top_p=g.top_p, max_new_tokens=max_new, seed=seed,
+        batch_size=t.rollout_batch_size,
+        progress=lambda done, n: report({"stage": "rollouts", "done": done, "total": n}))
+    sampled = time.perf_counter()
+    features = reply_features(session.policy.model, [(r.prompt_ids, r.reply_ids) for r in rollouts],
+                              batch_size=config.ppo.batch_size * 2)
+    predicted = rating_model.score(features, t.pessimism).tolist()
+    fresh = [Sample(turn_id=0, conversation_id=0, turn_index=0, user_id="local",
+                    prompt=text_of.get(tuple(r.prompt_ids), ""), response=r.text,
+                    prompt_ids=r.prompt_ids, reply_ids=r.reply_ids, logprobs=r.logprobs,
+                    checkpoint_id=session.parent_id, score=score, tags=[], comment="",
+                    critical=False, rated_at=now, created_at=now, temperature=g.temperature,
+                    predicted=True)
+             for r, score in zip(rollouts, predicted)]
+    rows = compute_rewards(config, fresh, now=now,
+                           labels=[f"a fresh reply to prompt {r.group + 1} (predicted score "
+                                   f"{s:.2f})" for r, s in zip(rollouts, predicted)])
+    group_of = {tuple(p): i for i, p in enumerate(prompts)}
+    out, groups = [], []
+    for r, row in zip(rollouts, rows):
+        if row.kept:
+            out.append((r.prompt_ids, r.reply_ids, r.logprobs, g.temperature, row.reward, 1.0))
+            groups.append(r.group)
+    human = [e for e in episodes if tuple(e[0]) in group_of]
+    for e in human:  # a human label beats a prediction: the real score, in its prompt's group
+        out.append(e)
+        groups.append(group_of[tuple(e[0])])
+    return out, groups, {
+        "rollouts": len(rollouts), "rollout_prompts": len(prompts), "rated_in_batch": len(human),
+        "rollout_tokens": sum(len(r.reply_ids) for r in rollouts),
+        "predicted_score_mean": sum(predicted) / max(len(predicted), 1),
+        "rollout_seconds": sampled - started, "scoring_seconds": time.perf_counter() - sampled}
