@@ -42,7 +42,7 @@ real scores of held-out ratings (leave-one-out up to 48 ratings, 10 folds beyond
 strength is chosen inside each fold, so the figure is honest; pairs that hold a held-out
 reply are left out of its fold). Its ceiling is below 1 when ratings tie
 (``spearman_ceiling``: 0.87 for ratings split evenly between two values). It decides whether
-the round may trust the model (see ``reinf.training.trainer``) and is reported as the
+the round may trust the model (see ``reinf.training.plan``) and is reported as the
 "reward consistency" figure. **Pairwise accuracy** is its counterpart for pairs: the share of
 held-out picks (ties left out) whose winner a model fitted without them scores higher,
 beside the same figure for the ratings alone (``cross_validated_pair_accuracy``).
