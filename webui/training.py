@@ -84,11 +84,19 @@ def rollback():
 @bp.get("/stats")
 def stats():
     """The training page's charts: reward_mean per finished run, mean rating per
-    checkpoint."""
+    checkpoint, and each checkpoint's own record against the bare base by the person's
+    picks (its pairs with the base, blind or seen; reinf.training.leaderboard)."""
+    from reinf.training.leaderboard import BASE, games, tally
+
     store = get_runtime().store
+    played = games(store.list_pairs(limit=None))
+    against_base = sorted({a if b == BASE else b for a, b, _ in played if BASE in (a, b)})
+    picks = [{"checkpoint_id": c, **tally(played, {c}, {BASE}).to_dict()}
+             for c in against_base]
     curve = [{"run_id": r.id, "finished_at": r.finished_at.isoformat(timespec="seconds"),
               "status": r.status, "reward_mean": r.metrics.get("reward_mean"),
               "checkpoint_id": r.checkpoint_id}
              for r in reversed(store.list_runs(limit=500))
              if r.finished_at is not None and is_number(r.metrics.get("reward_mean"))]
-    return jsonify({"reward_curve": curve, "rating_by_checkpoint": checkpoint_scores(store)})
+    return jsonify({"reward_curve": curve, "rating_by_checkpoint": checkpoint_scores(store),
+                    "picks_vs_base": picks})

@@ -9,8 +9,12 @@ directory, then drives headless Chromium like a person: chats, rates each reply 
 someone who likes short, plain answers would, lets the scheduler train after
 ``train_after_ratings`` ratings, chats and rates more, presses "Train now", regenerates
 the last reply, compares the base model with the trained checkpoint blind and picks the
-reply it likes, and saves chat.png, history.png, training.png, compare.png (before the
-pick), compare-picked.png (after it), chat-phone.png and compare-phone.png. Needs Debian's
+reply it likes; then chats and rates more, trains a third round and compares the base, the
+active checkpoint and the first one blind a few times, picking each time, so the training
+page has something to show for what it learned (each round's win rate against the base by
+the rating model and by those picks, and the leaderboard). It saves chat.png, history.png,
+training.png, compare.png (before the pick), compare-picked.png (after it), chat-phone.png,
+compare-phone.png and training-phone.png (what it learned, on a phone). Needs Debian's
 chromium and chromium-driver. Takes a few minutes on a laptop CPU.
 """
 from __future__ import annotations
@@ -122,11 +126,18 @@ class Person:
                   .find_element(By.CSS_SELECTOR, ".alt-count").text == "2/2" and
                   d.find_element(By.ID, "send").is_enabled())
 
-    def compare(self, prompt: str) -> None:
-        """Ask the Compare page for the replies to ``prompt``, blind."""
+    def compare(self, prompt: str, checkpoint: str | None = None) -> None:
+        """Ask the Compare page for the replies to ``prompt``, blind; ``checkpoint``: a third
+        reply, from that checkpoint."""
         from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select
 
         self.open("/compare")
+        if checkpoint:
+            choices = self.wait(lambda d: (lambda s: s if checkpoint in [
+                o.get_attribute("value") for o in s.options] else None)(
+                Select(d.find_element(By.ID, "compare-checkpoint"))))
+            choices.select_by_value(checkpoint)
         self.driver.find_element(By.ID, "compare-prompt").send_keys(prompt)
         self.driver.find_element(By.ID, "compare-go").click()
         self.wait(lambda d: d.find_elements(By.CSS_SELECTOR, "#compare-replies .compare-reply")
@@ -203,7 +214,7 @@ def take(out: Path, model: str, home: Path) -> list[Path]:
     daemon = Daemon(config, store, engine).start()
     app = create_app(config, store=store, chat=ChatService(engine, store, config),
                      engine=engine, daemon=daemon)
-    prompts = sample_prompts(seed=7, n=20)
+    prompts = sample_prompts(seed=7, n=28)
     out.mkdir(parents=True, exist_ok=True)
     shots = []
     try:
@@ -243,10 +254,27 @@ def take(out: Path, model: str, home: Path) -> list[Path]:
                 person.wait(lambda d: d.find_elements("css selector", "#history-rows tr"))
                 shots.append(out / "history.png")
                 driver.save_screenshot(str(shots[-1]))
-                driver.set_window_size(1280, 1500)
+                # What it learned: a third round, then the base, the active checkpoint and
+                # the first one compared blind, each time picked as this person would
+                person.open("/")
+                person.new_conversation()
+                for prompt in prompts[needed + 9:needed + 13]:
+                    person.chat_and_rate(prompt)
+                person.open("/training")
+                person.train_now(store, runs=3)
+                wait_for_runs(store, 3)
+                first = store.list_runs()[-1].checkpoint_id
+                for prompt in prompts[needed + 13:needed + 17]:
+                    person.compare(prompt, checkpoint=first)
+                    person.pick_the_better()
                 person.open("/training")
                 person.wait(lambda d: d.find_elements(
-                    "css selector", "#reward-chart svg, #reward-chart .chart-empty"))
+                    "css selector", "#reward-chart svg, #reward-chart .chart-empty") and
+                    d.find_elements("css selector", "#leaderboard-rows tr") and
+                    d.find_elements("css selector",
+                                    "#winrate-chart svg, #winrate-chart .chart-empty"))
+                tall = driver.execute_script("return document.documentElement.scrollHeight")
+                driver.set_window_size(1280, tall + 160)  # the window's frame included
                 time.sleep(0.5)
                 shots.append(out / "training.png")
                 driver.save_screenshot(str(shots[-1]))
@@ -262,6 +290,16 @@ def take(out: Path, model: str, home: Path) -> list[Path]:
                 Person(phone, server.url).wait(lambda d: d.find_element(
                     "id", "compare-outcome").text.startswith("Stored"))
                 shots.append(out / "compare-phone.png")
+                phone.save_screenshot(str(shots[-1]))
+                Person(phone, server.url).open("/training")
+                Person(phone, server.url).wait(lambda d: d.find_elements(
+                    "css selector", "#winrate-chart svg, #winrate-chart .chart-empty") and
+                    d.find_elements("css selector", "#leaderboard-rows tr"))
+                phone.execute_script(  # what it learned, not the cards above it
+                    "document.querySelector('.learned').previousElementSibling"
+                    ".scrollIntoView()")
+                time.sleep(0.3)
+                shots.append(out / "training-phone.png")
                 phone.save_screenshot(str(shots[-1]))
             finally:
                 phone.quit()

@@ -1,5 +1,6 @@
-/* Two small SVG charts, drawn without a library: a line over time and labelled bars.
- * Labels are set with textContent, so checkpoint ids never become markup. */
+/* Small SVG charts, drawn without a library: a line over time, labelled bars, and rates
+ * (0-100%) per round with a reference line. Labels are set with textContent, so checkpoint
+ * ids never become markup. */
 "use strict";
 
 const Charts = (() => {
@@ -28,14 +29,88 @@ const Charts = (() => {
     container.replaceChildren(p);
   }
 
-  function yAxis(root, lo, hi, y, ticks = 4) {
+  function yAxis(root, lo, hi, y, ticks = 4, format = null) {
     for (let i = 0; i <= ticks; i++) {
       const v = lo + (hi - lo) * i / ticks;
       const py = y(v);
       root.append(svg("line", {x1: PAD.left, x2: W - PAD.right, y1: py, y2: py, class: "grid"}));
       root.append(svg("text", {x: PAD.left - 6, y: py + 4, class: "tick", "text-anchor": "end"},
-                      Number.isInteger(v) ? String(v) : v.toFixed(2)));
+                      format ? format(v) : Number.isInteger(v) ? String(v) : v.toFixed(2)));
     }
+  }
+
+  /** A series' marker: a circle, or a diamond (``shape: "diamond"``), filled unless hollow. */
+  function marker(shape, cx, cy, r, cls) {
+    if (shape === "diamond") {
+      const d = r * 1.3;
+      return svg("path", {d: `M${cx.toFixed(1)} ${(cy - d).toFixed(1)} l${d} ${d} l${-d} ${d} ` +
+                             `l${-d} ${-d} z`, class: cls});
+    }
+    return svg("circle", {cx: cx.toFixed(1), cy: cy.toFixed(1), r, class: cls});
+  }
+
+  /** A legend's sample of a series: its marker (and line) in a small inline SVG. */
+  function swatch(series, hollow = false) {
+    const root = svg("svg", {viewBox: "0 0 28 14", width: 28, height: 14, class: "chart-svg swatch",
+                             "aria-hidden": "true"});
+    if (!hollow) root.append(svg("line", {x1: 1, x2: 27, y1: 7, y2: 7,
+                                          class: `series ${series.className}`}));
+    root.append(marker(series.shape, 14, 7, 4,
+                       `mark ${series.className}${hollow ? " hollow" : ""}`));
+    return root;
+  }
+
+  /** Rates in [0, 1] per slot (a round), drawn as percentages on a fixed 0-100% scale with
+   * a dashed line at ``reference`` (the base: 50%). slots: [{label}] oldest first; series:
+   * [{name, className, shape ("circle" | "diamond"), line (bool), points: [{slot, rate,
+   * hollow, title}]}]. Each marker carries data-series (its className), data-slot and
+   * data-percent, so a test (or a screen reader's user, through the title) can read it. */
+  function rates(container, slots, series, title, {reference = 0.5, emptyMessage} = {}) {
+    if (!slots.length || !series.some((s) => s.points.length)) {
+      empty(container, emptyMessage || "Nothing measured yet.");
+      return;
+    }
+    const root = frame(container, title);
+    const inset = 16, left = PAD.left + inset, right = W - PAD.right - inset;
+    const x = (i) => slots.length === 1 ? (left + right) / 2 :
+      left + (right - left) * i / (slots.length - 1);
+    const y = (v) => PAD.top + (H - PAD.top - PAD.bottom) * (1 - v);
+    yAxis(root, 0, 1, y, 4, (v) => `${Math.round(v * 100)}%`);
+    root.append(svg("line", {x1: PAD.left, x2: W - PAD.right, y1: y(reference),
+                             y2: y(reference), class: "reference"}));
+    root.append(svg("text", {x: W - PAD.right - 2, y: y(reference) - 5, class: "tick",
+                             "text-anchor": "end"}, "as good as the base"));
+    // round labels: every one when they fit, else evenly thinned (always the newest)
+    const every = Math.max(1, Math.ceil(slots.length / 8));
+    slots.forEach((slot, i) => {
+      if ((slots.length - 1 - i) % every) return;
+      const name = slot.label.length > 10 ? slot.label.slice(0, 9) + "…" : slot.label;
+      root.append(svg("text", {x: x(i), y: H - 22, class: "tick", "text-anchor": "middle"}, name));
+    });
+    root.append(svg("text", {x: (PAD.left + W - PAD.right) / 2, y: H - 6,
+                             class: "tick muted", "text-anchor": "middle"}, "round (checkpoint)"));
+    // two series with a marker in one round sit side by side, so neither hides the other
+    const taken = series.map((s) => new Set(s.points.map((p) => p.slot)));
+    const shared = (slot) => taken.filter((t) => t.has(slot)).length > 1;
+    series.forEach((s, k) => {
+      const points = s.points.filter((p) => Number.isFinite(p.rate))
+        .sort((a, b) => a.slot - b.slot);
+      const px = (p) => x(p.slot) + (shared(p.slot) ? (k ? 5 : -5) : 0);
+      if (s.line && points.length > 1) {
+        root.append(svg("polyline", {class: `series ${s.className}`, fill: "none",
+          points: points.map((p) => `${px(p).toFixed(1)},${y(p.rate).toFixed(1)}`).join(" ")}));
+      }
+      for (const p of points) {
+        const mark = marker(s.shape, px(p), y(p.rate), 4.5,
+                            `mark ${s.className}${p.hollow ? " hollow" : ""}`);
+        mark.setAttribute("data-series", s.className);
+        mark.setAttribute("data-slot", slots[p.slot].label);
+        mark.setAttribute("data-percent", String(Math.round(p.rate * 100)));
+        mark.append(svg("title", {}, p.title || `${s.name}, ${slots[p.slot].label}: ` +
+                                             `${Math.round(p.rate * 100)}%`));
+        root.append(mark);
+      }
+    });
   }
 
   /** The y range [lo, hi] of a line chart. It always holds ``floor`` (the reward scale,
@@ -100,5 +175,5 @@ const Charts = (() => {
     });
   }
 
-  return {line, bars, valueRange};
+  return {line, bars, rates, swatch, valueRange};
 })();
