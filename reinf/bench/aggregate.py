@@ -5,7 +5,9 @@ its windows of live ratings and its rounds. This module reads targets off them
 (``curve_to_target``, ``ratings_to_target``), takes each figure over seeds (``aggregate``:
 the mean, the min-max and every seed's value; ``aggregate_reach`` for ratings to a target;
 ``mean_curve`` for curves), shapes a method's part of the report (``summarize_method``) and
-checks the goals on Reinf's means (``check_goals``).
+checks the goals on Reinf's means (``check_goals``). A KTO learning-rate sweep is one method
+per rate (``kto_key``: ``kto@1e-4``); the goals compare Reinf with the best of them
+(``best_kto``), and every other baseline, best-of-n included.
 
 "Ratings to target" reads the probe curve, not the live ratings: 64 fixed prompts have far
 less luck in them than a window of 16 live ratings, and "held" asks that the curve stay at
@@ -13,6 +15,7 @@ or above the target from that round to the end of the run.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
@@ -27,6 +30,41 @@ GOAL_PPL_PREFERRED = 0.05                     # perplexity on preferred-style re
 GOAL_SPEARMAN, GOAL_SPEARMAN_AFTER = 0.8, 48  # rating model's cross-validated Spearman
 POINT_KEYS = ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
               "perplexity_preferred", "rating_model_consistency")
+
+
+def lr_text(lr: float) -> str:
+    """A learning rate, short and exact enough to name a run: 5e-06 -> '5e-6', 0.001 ->
+    '1e-3', 2.5e-05 -> '2.5e-5'."""
+    mantissa, _, exponent = f"{lr:.6e}".partition("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def kto_key(lr: float, sweep: bool) -> str:
+    """The report's name of a KTO run: ``kto`` alone, ``kto@<lr>`` in a sweep of rates."""
+    return f"kto@{lr_text(lr)}" if sweep else "kto"
+
+
+def is_kto(method: str) -> bool:
+    return method == "kto" or method.startswith("kto@")
+
+
+def kto_rate(method: str, rates) -> float:
+    """The learning rate of KTO run ``method`` (``kto`` alone: the only rate given)."""
+    return float(method.partition("@")[2]) if "@" in method else float(rates[0])
+
+
+def best_kto(methods: dict) -> str | None:
+    """The best of the KTO runs (a learning-rate sweep): the fewest ratings to the held
+    target (its lower bound when a seed never held it), then the highest final probe mean;
+    the first given on a tie. None when no KTO ran."""
+    keys = [m for m in methods if is_kto(m)]
+
+    def rank(m: str) -> tuple[float, float]:
+        s = methods[m]["summary"]
+        held = s["ratings_to_target_held"]["bound"]
+        final = s["final_probe_mean_rating"]["mean"]
+        return (math.inf if held is None else held, -(-math.inf if final is None else final))
+    return min(keys, key=rank) if keys else None
 
 
 def ratings_to_target(scores: list[int], window: int, target: float, *,
@@ -162,8 +200,10 @@ def check_goals(report: dict) -> dict:
                       for r in runs] if enough_share else [])
     ppl = ppo["summary"]["perplexity_preferred_change"]
     mine = ppo["summary"]["ratings_to_target_held"]
+    # every baseline (best-of-n too), and of a KTO learning-rate sweep its best run
+    kto = best_kto(report["methods"])
     others = {m: r["summary"]["ratings_to_target_held"] for m, r in report["methods"].items()
-              if m != "reinf"}
+              if m != "reinf" and (not is_kto(m) or m == kto)}
     after48 = [next((x for x in r["rounds"] if x["after_ratings"] >= GOAL_SPEARMAN_AFTER), {})
                for r in runs]
     spearman = aggregate([x.get("rating_model_consistency") for x in after48])
@@ -182,7 +222,8 @@ def check_goals(report: dict) -> dict:
             "reinf": mine["mean"], **{m: {"mean": v["mean"], "bound": v["bound"]}
                                       for m, v in others.items()},
             "met": bool(others) and mine["mean"] is not None
-            and all(mine["mean"] < v["bound"] for v in others.values())},
+            and all(mine["mean"] < v["bound"] for v in others.values()),
+            "kto_best": kto},
         "rating_model_after_48": {
             "spearman": spearman, "ceiling": ceiling,
             "met": spearman["n"] == len(runs) and spearman["mean"] >= GOAL_SPEARMAN},

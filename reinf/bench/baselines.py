@@ -1,7 +1,7 @@
 """The baselines ``reinf bench learn`` runs beside Reinf's PPO, on the same rating stream.
 
-Both train the same LoRA adapter (``lora.*``, seeded like a fresh PPO adapter) on the same
-rated turns a PPO round would see (the newest ``replay_buffer_size``, through the same
+SFT and KTO train the same LoRA adapter (``lora.*``, seeded like a fresh PPO adapter) on the
+same rated turns a PPO round would see (the newest ``replay_buffer_size``, through the same
 reward mapper) for ``ppo_epochs`` passes: SFT in minibatches of ``batch_size`` at
 ``learning_rate``, as PPO; KTO with the settings TRL documents for it (below). Each round
 continues from the active checkpoint, writes a checkpoint with ``reinf.training.checkpoints``
@@ -27,6 +27,23 @@ PPO's promotion gate.
   The reference is the base model (a second, frozen copy), the same anchor as PPO's KL
   penalty. TRL tokenizes text itself, so each prompt is the decoded prompt token ids (chat
   template included) and the completion is the reply text plus EOS.
+  **The learning-rate sweep** (``--kto-lr``, ``reinf.bench.learn.KTO_SWEEP``): the docs'
+  rates are for full fine-tuning, and at 5e-6 a LoRA adapter barely moves in a hundred
+  ratings, so KTO runs once per rate (by default 5e-6, 1e-4 and PPO's own 1e-3), each a
+  separate run on the same stream, and the goals compare Reinf with the best of them
+  (``reinf.bench.aggregate.best_kto``).
+- **Best-of-n at serve time** (``bestofn``): no training at all. After each of Reinf's
+  rounds, the base model (no adapter) samples ``n`` replies to each probe prompt with the
+  product's sampling settings, the rating model of the checkpoint Reinf serves after that
+  round scores them (``rating_model.safetensors``; features from the base model's hidden
+  states, ``reply_features``; the trainer's pessimistic score, ``mean - pessimism * std``)
+  and the top one is kept (``choose_best``; the first on a tie); the rater rates it.
+  Without a trusted rating model (none yet, or its cross-validated Spearman below
+  ``training.min_consistency``: the trainer's own rule for the cold start), the pick is the
+  first sample, which is the base model's probe reply itself (candidate 0 has the probe's
+  seeds). It tells whether training adds anything over reranking. The candidates do not
+  depend on the round or the seed (the base model and the seeds are fixed), so they are
+  sampled once per run (``sample_candidates``) and only the choice changes.
 """
 from __future__ import annotations
 
@@ -38,6 +55,7 @@ import random
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -61,6 +79,7 @@ KTO_BETA = 0.1                 # KTOConfig's default
 KTO_LEARNING_RATE = 5e-6       # top of the range TRL's KTO docs recommend (5e-7..5e-6)
 KTO_STEP_BATCH = 4             # TRL's KTO docs: a per-step batch of at least 4 ...
 KTO_EFFECTIVE_BATCH = 16       # ... and an effective batch of 16 to 128
+CANDIDATE_SEED_STEP = 100_000  # candidate c of probe block b is sampled with seed + c * this + b
 
 
 def check_trl() -> str:
@@ -77,10 +96,11 @@ def check_trl() -> str:
 class BaselineRunner:
     """Runs one baseline round at a time, with ChildRunner's interface (``run`` -> Outcome)."""
 
-    def __init__(self, kind: str, config, store):
+    def __init__(self, kind: str, config, store, *, learning_rate: float | None = None):
         if kind not in ("sft", "kto"):
             raise ValueError(f"unknown baseline {kind!r}")
         self.kind, self.config, self.store = kind, config, store
+        self.learning_rate = KTO_LEARNING_RATE if learning_rate is None else learning_rate
         self.pid = None
 
     def current_run_id(self) -> int | None:
@@ -125,7 +145,8 @@ class BaselineRunner:
             metrics = train_sft(model, kept, config, seed)
         else:
             metrics = train_kto(model, loaded, kept, config, seed,
-                                Path(config.data_dir) / "kto-work")
+                                Path(config.data_dir) / "kto-work",
+                                learning_rate=self.learning_rate)
         metrics.update(seconds=time.perf_counter() - started, round=round_no, parent_id=parent,
                        reward_mean=(sum(r.reward for _, r in kept) / len(kept)) if kept else 0.0)
         if not metrics["samples"]:
@@ -226,19 +247,21 @@ def kto_weights(rows) -> tuple[float, float]:
     return 1.0, 1.0
 
 
-def kto_settings(config) -> dict[str, Any]:
+def kto_settings(config, learning_rate: float = KTO_LEARNING_RATE) -> dict[str, Any]:
     """KTO's hyperparameters (TRL's documented recommendations, see the module docstring):
-    the per-step batch is ``batch_size`` (at least 4), accumulated to at least 16."""
+    the per-step batch is ``batch_size`` (at least 4), accumulated to at least 16; the
+    learning rate is the sweep's (``--kto-lr``), by default TRL's 5e-6."""
     step = max(KTO_STEP_BATCH, config.ppo.batch_size)
     accumulation = max(config.ppo.gradient_accumulation_steps,
                        math.ceil(KTO_EFFECTIVE_BATCH / step))
-    return {"learning_rate": KTO_LEARNING_RATE, "beta": KTO_BETA, "batch_size": step,
+    return {"learning_rate": learning_rate, "beta": KTO_BETA, "batch_size": step,
             "gradient_accumulation_steps": accumulation, "effective_batch": step * accumulation,
             "epochs": config.ppo.ppo_epochs, "lr_scheduler": "constant",
             "class_weights": "balanced to 1:1 (kto_weights)"}
 
 
-def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, Any]:
+def train_kto(model, loaded, kept, config, seed: int, work: Path, *,
+              learning_rate: float = KTO_LEARNING_RATE) -> dict[str, Any]:
     check_trl()
     # Function-local: TRL and datasets are the bench extra (check_trl says how to get
     # them), and TRL's trainer stack loads only for a KTO round.
@@ -252,7 +275,7 @@ def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, A
     if not rows:
         return {"samples": 0, "why": "no rating of 1-2 or 4-5 to learn from"}
     desirable, undesirable = kto_weights(rows)
-    hp = kto_settings(config)
+    hp = kto_settings(config, learning_rate)
     ref = load_base(config, str(loaded.device)).model.eval().requires_grad_(False)
     work.mkdir(parents=True, exist_ok=True)
     cpu = str(loaded.device) == "cpu"
@@ -288,3 +311,94 @@ def train_kto(model, loaded, kept, config, seed: int, work: Path) -> dict[str, A
             "loss": float(result.training_loss), "steps": int(result.global_step),
             "desirable_weight": desirable, "undesirable_weight": undesirable,
             "dropped": len(kept) - len(rows)}
+
+
+# --- best-of-n at serve time ---------------------------------------------------------------
+
+@dataclass
+class Candidates:
+    """``n`` base-model replies to each of ``count`` probe prompts, with their rating-model
+    features, and what sampling them cost."""
+    replies: list[list[Any]]           # [probe reply j][candidate c]: reinf.bench.probe.ProbeReply
+    features: torch.Tensor | None      # (rows, D), one row per scored reply (``rows``)
+    rows: list[tuple[int, int]]        # (j, c) of each feature row; empty replies have none
+    sample_seconds: list[float]        # per candidate c: sampling all ``count`` replies
+    feature_seconds: float
+
+    @property
+    def n(self) -> int:
+        return len(self.sample_seconds)
+
+    def cost(self) -> dict[str, Any]:
+        """Seconds spent, for the report: sampling n x count replies (a probe's sampling n
+        times over), and the features the rating model reads."""
+        sampled = sum(self.sample_seconds)
+        total = sampled + self.feature_seconds
+        one = self.sample_seconds[0] if self.sample_seconds else 0.0
+        return {"n": self.n, "replies": len(self.replies), "samples": self.n * len(self.replies),
+                "sample_seconds": sampled, "sample_seconds_by_candidate": self.sample_seconds,
+                "one_sample_seconds": one, "feature_seconds": self.feature_seconds,
+                "seconds": total, "seconds_per_reply": total / max(len(self.replies), 1),
+                "ratio_to_one_sample": total / one if one > 0 else None}
+
+
+def sample_candidates(engine, prompts, n: int, count: int, *, seed: int,
+                      progress=None) -> Candidates:
+    """``n`` replies to each of the first ``count`` ``prompts`` from ``engine``'s model as it
+    is (the bare base for best-of-n), with the product's sampling settings, through the
+    probe's own sampler (``reinf.bench.probe.sample_probe``): candidate c of block b has
+    seed ``seed + c * CANDIDATE_SEED_STEP + b``, so candidate 0 is the probe reply itself.
+    Then every reply's rating-model features (``Engine.rating_features``: the base model's
+    hidden states)."""
+    from reinf.bench.probe import sample_probe
+
+    per, seconds = [], []
+    for c in range(n):
+        started = time.perf_counter()
+        per.append(sample_probe(engine, prompts, 0, count, seed=seed + c * CANDIDATE_SEED_STEP))
+        seconds.append(time.perf_counter() - started)
+        if progress:
+            progress(f"  best-of-{n}: candidate {c + 1}/{n} of {count} probe replies sampled "
+                     f"in {seconds[-1]:.1f} s")
+    replies = [[per[c][j] for c in range(n)] for j in range(count)]
+    rows = [(j, c) for j in range(count) for c in range(n)
+            if replies[j][c].reply_ids and replies[j][c].prompt_ids]
+    started = time.perf_counter()
+    features = engine.rating_features([(replies[j][c].prompt_ids, replies[j][c].reply_ids)
+                                       for j, c in rows]) if rows else None
+    return Candidates(replies, features, rows, seconds, time.perf_counter() - started)
+
+
+@dataclass
+class Choice:
+    """Which candidate best-of-n keeps for each probe reply, and why."""
+    chosen: list[int]                          # candidate index per probe reply
+    predicted: list[list[float | None]] | None  # the scores it chose by; None: not reranked
+    consistency: float | None                  # the rating model's cross-validated Spearman
+    reranked: bool
+
+
+def choose_best(state: dict | None, candidates: Candidates, *, pessimism: float,
+                min_consistency: float) -> Choice:
+    """Best-of-n's pick with a rating model (``RatingModel.state_dict()``, as saved with a
+    checkpoint): the candidate with the highest pessimistic score (``mean - pessimism *
+    std``, the trainer's reward for a fresh reply), the first one on a tie. Without a rating
+    model, or with one the trainer would not trust (Spearman below ``min_consistency`` or
+    undefined), it keeps the first sample."""
+    from reinf.training.rating_model import RatingModel
+
+    count, n = len(candidates.replies), candidates.n
+    first = [0] * count
+    if state is None:
+        return Choice(first, None, None, False)
+    model = RatingModel.from_state_dict(state)
+    if model.consistency is None or model.consistency < min_consistency \
+            or candidates.features is None:
+        return Choice(first, None, model.consistency, False)
+    scores = model.score(candidates.features, pessimism).tolist()
+    grid: list[list[float | None]] = [[None] * n for _ in range(count)]
+    for (j, c), score in zip(candidates.rows, scores):
+        grid[j][c] = float(score)
+    chosen = [max(range(n), key=lambda c, row=row: (-math.inf if row[c] is None else row[c], -c))
+              for row in grid]
+    return Choice(chosen, grid, model.consistency, True)

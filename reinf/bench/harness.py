@@ -23,6 +23,11 @@ the same message through regenerate's path, the better of the two by the rater p
 regenerate pair), a tie when it scores them the same. The x axis (``ratings`` in the curves)
 then counts interactions, ratings and pairs alike, a round comes after every ``train_after``
 interactions, and the live windows count the first reply of a pair as a rating would.
+**Best-of-n** (``run_bestofn``) trains nothing: it reads Reinf's run on the same seed. After
+each of Reinf's rounds, ``run_method`` keeps the rating model of the checkpoint Reinf then
+serves (``served_rating_model``); best-of-n's point after that round is the base model's
+best of ``best_of`` replies to each probe prompt by that rating model
+(``reinf.bench.baselines.choose_best``), rated by a judge seeded as the probe's.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from reinf.bench.aggregate import curve_to_target, ratings_to_target
+from reinf.bench.aggregate import curve_to_target, is_kto, kto_rate, ratings_to_target, value_at
 
 if TYPE_CHECKING:  # for the annotations only: reinf.bench.learn imports this module
     from reinf.bench.learn import LearnPlan
@@ -74,9 +79,13 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
     cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
     store = Store.open(cfg)
     engine = Engine.load(cfg)
-    if method not in ("reinf", "rated"):
+    if method == "bestofn":
+        runner = None                  # best-of-n trains nothing
+    elif method not in ("reinf", "rated"):
         from reinf.bench.baselines import BaselineRunner
-        runner = BaselineRunner(method, cfg, store)
+        runner = BaselineRunner("kto" if is_kto(method) else method, cfg, store,
+                                learning_rate=kto_rate(method, plan.kto_lrs)
+                                if is_kto(method) else None)
     elif plan.child:
         from reinf.daemon.worker import ChildRunner
         runner = ChildRunner(cfg, store)
@@ -160,6 +169,9 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         def round_fn(trigger: str, force: bool) -> dict:
             return adopt(ctx, ctx.runner.run(trigger, force=force))
 
+        # what best-of-n reranks with: the rating model Reinf serves after each round
+        served = [{"ratings": 0, "checkpoint_id": None, "state": None}]
+        keep_served = method == "reinf" and "bestofn" in plan.methods
         scores, preferred, loop = [], [], 0.0
         picks: Counter = Counter()
         last_round = 0
@@ -189,6 +201,8 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                 rnd = {**summarize_round(result, n), "wall_seconds": time.perf_counter() - t1}
                 ctx.rounds.append(rnd)
                 point = probe.measure(plan.probe)
+                if keep_served:
+                    served.append(served_rating_model(ctx, n, served[-1]))
                 curve.append({"ratings": n, "seconds": loop, "status": rnd["status"],
                               "mode": rnd.get("mode"), "rating_model_consistency":
                                   rnd.get("rating_model_consistency"), **point})
@@ -207,6 +221,8 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                          f"preferred {w['preferred_share']:.0%}; ppl {w['perplexity']:.3f} "
                          f"(preferred style {w['perplexity_preferred'] or 0:.3f}), {loop:.0f} s")
         final = probe.measure(max(plan.probe, plan.final_probe))
+        if keep_served:
+            shared.setdefault("served_rating_models", {})[seed] = served
         points = [(p["ratings"], p["probe_mean_rating"]) for p in curve]
         reached = curve_to_target(points, plan.target)
         held = curve_to_target(points, plan.target, held=True)
@@ -236,6 +252,131 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         ctx.store.close()
         if not plan.keep:
             shutil.rmtree(ctx.home, ignore_errors=True)
+
+
+def served_rating_model(ctx: Context, n: int, last: dict) -> dict:
+    """The rating model of the checkpoint Reinf serves after ``n`` ratings (what compare's
+    predicted scores read): ``rating_model.safetensors`` of the active checkpoint, None when
+    it has none (the base, a round with no rating model). A rejected round leaves the
+    previous checkpoint, and its rating model, in place."""
+    from reinf.training.checkpoints import load_rating_model
+
+    active = ctx.store.active_checkpoint()
+    cid = active.id if active else None
+    if cid == last["checkpoint_id"]:
+        return {**last, "ratings": n}
+    return {"ratings": n, "checkpoint_id": cid,
+            "state": load_rating_model(Path(active.path)) if active else None}
+
+
+def run_bestofn(config, plan: LearnPlan, k: int, seed: int, shared: dict,
+                progress: Callable[[str], None]) -> dict:
+    """Best-of-n at serve time on one seed: at each point of Reinf's probe curve on this
+    seed, the base model's best of ``plan.best_of`` replies to each probe prompt by the
+    rating model Reinf serves there (``run_method`` kept them), rated by the probe's judge.
+    Returns the per-seed detail in ``run_method``'s shape; no training, so no rounds, KL,
+    live ratings or loop time (the model is the base: its perplexity is the base's)."""
+    import shutil
+
+    from reinf.bench.baselines import choose_best, sample_candidates
+    from reinf.bench.raters import load_rater
+
+    served = (shared.get("served_rating_models") or {}).get(seed)
+    if served is None:
+        raise RuntimeError("best-of-n reranks with Reinf's rating models: Reinf must run on "
+                           f"seed {seed} first")
+    count = max(plan.probe, plan.final_probe)
+    tag = f"[bestofn seed {seed}]"
+    if "bestofn_candidates" not in shared:
+        # The base model and the probe's seeds are fixed: the candidates are the same for
+        # every seed and round, so they are sampled (and their cost paid) once per run.
+        ctx = build_context("bestofn", config, plan, k)
+        try:
+            shared["bestofn_candidates"] = sample_candidates(
+                ctx.engine, shared["probe_prompts"], plan.best_of, count, seed=PROBE_SEED,
+                progress=progress)
+        finally:
+            ctx.store.close()
+            if not plan.keep:
+                shutil.rmtree(ctx.home, ignore_errors=True)
+    candidates = shared["bestofn_candidates"]
+    base = shared["base"]
+    t = config.training
+    curve = [{"ratings": 0, "seconds": None, **shared["base_curve"]}]
+    rounds, finals = [], None
+    for entry in served[1:]:
+        started = time.perf_counter()
+        choice = choose_best(entry["state"], candidates, pessimism=t.pessimism,
+                             min_consistency=t.min_consistency)
+        judge = load_rater(plan.rater, seed=PROBE_SEED)   # reply j: the judge's j-th call
+        rated = []
+        for j, c in enumerate(choice.chosen):
+            reply = candidates.replies[j][c]
+            score = judge(reply.prompt, reply.text)
+            rated.append((score, judge.is_preferred(reply.text, score, prompt=reply.prompt)))
+        finals = (rated, choice)
+        probe = rated[:plan.probe]
+        mode = "reranked" if choice.reranked else "first sample"
+        predicted = choice.predicted[:plan.probe] if choice.predicted else None
+        point = {
+            "ratings": entry["ratings"], "seconds": None, "status": "succeeded", "mode": mode,
+            "rating_model_consistency": choice.consistency,
+            "probe_mean_rating": statistics.fmean(s for s, _ in probe),
+            "probe_preferred_share": statistics.fmean(g for _, g in probe),
+            "kl": None, "perplexity": base["perplexity"],
+            "perplexity_preferred": base.get("perplexity_preferred"), "probe": len(probe),
+            "active_checkpoint": None, "rating_model_checkpoint": entry["checkpoint_id"],
+            "chosen": choice.chosen[:plan.probe],
+            "candidates_predicted": [[None if v is None else round(v, 4) for v in row]
+                                     for row in predicted] if predicted else None,
+            "chosen_not_first_share": statistics.fmean(c != 0 for c in choice.chosen[:plan.probe])}
+        if predicted:
+            point["predicted_chosen_mean"] = statistics.fmean(
+                row[c] for row, c in zip(predicted, point["chosen"]) if row[c] is not None)
+            point["predicted_first_mean"] = statistics.fmean(
+                row[0] for row in predicted if row[0] is not None)
+        curve.append(point)
+        rounds.append({"after_ratings": entry["ratings"], "status": "succeeded", "mode": mode,
+                       "rating_model_checkpoint": entry["checkpoint_id"],
+                       "rating_model_consistency": choice.consistency,
+                       "wall_seconds": time.perf_counter() - started})
+        progress(f"{tag} after {entry['ratings']}: {mode}"
+                 + (f" by {entry['checkpoint_id']}'s rating model (Spearman "
+                    f"{choice.consistency:.2f}), {point['chosen_not_first_share']:.0%} not the "
+                    "first sample" if choice.reranked else "") +
+                 f"; probe mean {point['probe_mean_rating']:.2f}, preferred "
+                 f"{point['probe_preferred_share']:.0%}")
+    if finals is None:  # no round: the first sample of every probe prompt, i.e. the base
+        final = dict(base)
+    else:
+        rated, choice = finals
+        final = {"probe_mean_rating": statistics.fmean(s for s, _ in rated),
+                 "probe_preferred_share": statistics.fmean(g for _, g in rated),
+                 "kl": None, "perplexity": base["perplexity"],
+                 "perplexity_preferred": base.get("perplexity_preferred"), "probe": len(rated),
+                 "active_checkpoint": None, "reranked": choice.reranked}
+    ends = sorted({n for n in range(1, plan.ratings + 1)
+                   if n % plan.window == 0 or n == plan.ratings})
+    windows = [{"ratings": 0, **shared["base_curve"]}] + [
+        {"ratings": n, "mean_rating": None, "preferred_share": None, "kl": None,
+         "perplexity": base["perplexity"],
+         "perplexity_preferred": base.get("perplexity_preferred"),
+         **{key: value_at(curve, n, key) for key in ("probe_mean_rating",
+                                                     "probe_preferred_share")}}
+        for n in ends]
+    points = [(p["ratings"], p["probe_mean_rating"]) for p in curve]
+    modes = Counter(r["mode"] for r in rounds)
+    return {
+        "seed": seed, "curve": curve, "windows": windows, "final": final, "rounds": rounds,
+        "modes": None, "bestofn": {"n": plan.best_of, "points": dict(modes)},
+        "ratings_to_target": curve_to_target(points, plan.target), "seconds_to_target": None,
+        "ratings_to_target_held": curve_to_target(points, plan.target, held=True),
+        "seconds_to_target_held": None, "window_ratings_to_target_held": None,
+        "scores": [], "preferred": [], "pairs": None, "loop_seconds": None,
+        "probe_seconds": None, "measure_seconds": None, "round_seconds": None,
+        "rounds_succeeded": None, "rounds_rejected": None, "rounds_failed": None,
+        "swap_pause_ms_median": None, "data_dir": None,
+    }
 
 
 def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, str]:

@@ -31,6 +31,13 @@ near-duplicate of one (the same normalised text), is a training prompt of the ru
 the demo model none is in the demo model's own training split; the plan checks it, and the
 report says how many overlaps it dropped (``prompts``).
 
+**Best-of-n and the KTO sweep.** ``bestofn`` trains nothing: after each of Reinf's rounds on
+a seed, the base model's best of ``best_of`` replies per probe prompt by the rating model
+Reinf then serves (``reinf.bench.harness.run_bestofn``), so it runs after Reinf on each seed
+and shares its points on the curve. ``kto`` runs once per learning rate of ``kto_lrs`` (one
+method per rate in the report, ``kto@<rate>``, unless there is only one), and the goals take
+the best of them (``reinf.bench.aggregate.best_kto``).
+
 **The modules.** This one holds the plan (``LearnPlan``), the entry (``run_learn``: checks,
 prompts, every method on every seed, the report) and the prompt lines of the text report;
 ``reinf.bench.harness`` runs one method on one seed (the loop, the probe after every round,
@@ -45,13 +52,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from reinf.bench.aggregate import check_goals, summarize_method
-from reinf.bench.harness import run_method
+from reinf.bench.aggregate import (check_goals, is_kto, kto_key, kto_rate, lr_text,
+                                   summarize_method)
+from reinf.bench.harness import run_bestofn, run_method
 from reinf.errors import BadInput
 
 METHODS = {"reinf": "Reinf (default config)", "rated": "PPO on rated replies only",
-           "sft": "reward-weighted SFT", "kto": "KTO (TRL)"}
-BASELINES = ("rated", "sft", "kto")
+           "sft": "reward-weighted SFT", "kto": "KTO (TRL)",
+           "bestofn": "best-of-n at serve time (no training)"}
+BASELINES = ("rated", "sft", "kto", "bestofn")
+KTO_SWEEP = (5e-6, 1e-4, 1e-3)  # --kto-lr: TRL's recommended top, between, and PPO's 1e-3
+BEST_OF = 4                     # --best-of: base-model replies per probe prompt
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,9 @@ class LearnPlan:
     probe: int = 64               # probe replies after every round
     final_probe: int = 128        # probe replies of the base and the final evaluation
     heldout: int = 200            # held-out corpus items for perplexity
-    methods: tuple[str, ...] = ("reinf", "rated", "sft", "kto")
+    methods: tuple[str, ...] = ("reinf", "rated", "sft", "kto", "bestofn")
+    best_of: int = BEST_OF        # best-of-n: candidates per probe prompt
+    kto_lrs: tuple[float, ...] = KTO_SWEEP  # KTO: one run per learning rate
     child: bool = False
     keep: bool = False
     prompts: str | None = None        # training prompts (.txt or .jsonl); None: built in
@@ -90,7 +103,17 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     unknown = [m for m in plan.methods if m not in METHODS]
     if unknown:
         raise BadInput(f"unknown baseline {unknown[0]!r}",
-                       fix="--baselines takes a comma list of rated, sft and kto, or none")
+                       fix="--baselines takes a comma list of rated, sft, kto and bestofn, "
+                           "or none")
+    if "bestofn" in plan.methods and "reinf" not in plan.methods:
+        raise BadInput("best-of-n reranks with Reinf's rating models, so Reinf must run too")
+    if plan.best_of < 2:
+        raise BadInput(f"--best-of must be at least 2, got {plan.best_of} (best of 1 is the "
+                       "base model)", fix="pass --best-of 4")
+    if not plan.kto_lrs or any(not 0 < lr < 1 for lr in plan.kto_lrs) \
+            or len({lr_text(lr) for lr in plan.kto_lrs}) < len(plan.kto_lrs):
+        raise BadInput("--kto-lr takes distinct learning rates between 0 and 1, e.g. "
+                       "5e-6,1e-4,1e-3", fix="pass --kto-lr 5e-6,1e-4,1e-3")
     if "kto" in plan.methods:
         from reinf.bench.baselines import check_trl
         check_trl()
@@ -110,16 +133,24 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
              f"{info['overlaps_removed']} overlapping probe prompt(s) dropped")
     started = time.perf_counter()
     shared: dict[str, Any] = {"prompt_plan": prompts}
-    runs: dict[str, list[dict]] = {m: [] for m in plan.methods}
+    keys = run_keys(plan)
+    runs: dict[str, list[dict]] = {m: [] for m in keys}
     for seed in seeds:
-        for method in plan.methods:
-            progress(f"[{method} seed {seed}] {label_of(method, config)}: {plan.ratings} "
+        for method in keys:
+            if method == "bestofn":
+                progress(f"[bestofn seed {seed}] {label_of(method, config, plan)}: after each "
+                         "of Reinf's rounds, reranked by its rating model")
+                runs[method].append(run_bestofn(config, plan, k, seed, shared, progress))
+                continue
+            progress(f"[{method} seed {seed}] {label_of(method, config, plan)}: {plan.ratings} "
                      + (f"interactions (a pair every {plan.pairs_every})"
                         if plan.pairs_every else "ratings") + f", a round every {k}")
             runs[method].append(run_method(method, config, plan, k, seed, shared, progress))
     from reinf.bench.generation import machine
-    methods = {m: {"label": label_of(m, config), "settings": settings_of(m, config),
-                   **summarize_method(runs[m], plan, shared["base"])} for m in plan.methods}
+    methods = {m: {"label": label_of(m, config, plan), "settings": settings_of(m, config, plan),
+                   **summarize_method(runs[m], plan, shared["base"])} for m in keys}
+    if "bestofn" in methods:
+        methods["bestofn"]["cost"] = shared["bestofn_candidates"].cost()
     report = {
         "benchmark": "learn", "rater": {"name": rater.name, "description": rater.description,
                                         "unseen": rater.unseen},
@@ -163,15 +194,43 @@ def format_prompts(report: dict) -> str:
     return "\n".join(lines)
 
 
-def label_of(method: str, config) -> str:
-    return f"Reinf ({config.training.method})" if method == "reinf" else METHODS[method]
+def run_keys(plan: LearnPlan) -> list[str]:
+    """The report's methods, in the order they run on each seed: ``kto`` becomes one run per
+    learning rate (``kto@<rate>`` when there are several), and best-of-n comes after Reinf,
+    whose rating models it reranks with."""
+    keys = []
+    for m in plan.methods:
+        if m == "kto":
+            keys += [kto_key(lr, len(plan.kto_lrs) > 1) for lr in plan.kto_lrs]
+        elif m != "bestofn":
+            keys.append(m)
+    return keys + (["bestofn"] if "bestofn" in plan.methods else [])
 
 
-def settings_of(method: str, config) -> dict:
-    """What the method trains with, for the report (KTO's own settings: baselines.py)."""
-    if method == "kto":
+def label_of(method: str, config, plan: LearnPlan | None = None) -> str:
+    plan = plan or LearnPlan()
+    if method == "reinf":
+        return f"Reinf ({config.training.method})"
+    if is_kto(method):
+        return f"KTO (TRL), lr {lr_text(kto_rate(method, plan.kto_lrs))}"
+    if method == "bestofn":
+        return f"best-of-{plan.best_of}, no training"
+    return METHODS[method]
+
+
+def settings_of(method: str, config, plan: LearnPlan | None = None) -> dict:
+    """What the method trains with, for the report (KTO's own settings: baselines.py);
+    best-of-n: what it samples and scores with."""
+    plan = plan or LearnPlan()
+    if is_kto(method):
         from reinf.bench.baselines import kto_settings
-        return kto_settings(config)
+        return kto_settings(config, kto_rate(method, plan.kto_lrs))
+    if method == "bestofn":
+        g, t = config.generation, config.training
+        return {"n": plan.best_of, "model": "the base (no adapter)",
+                "score": f"mean - {t.pessimism} x std (training.pessimism)",
+                "trusted_from_spearman": t.min_consistency, "temperature": g.temperature,
+                "top_p": g.top_p, "max_new_tokens": g.max_new_tokens}
     p = config.ppo
     out = {"learning_rate": p.learning_rate, "batch_size": p.batch_size, "epochs": p.ppo_epochs}
     if method in ("reinf", "rated"):

@@ -8,10 +8,21 @@ needed); without matplotlib it is an SVG written by hand.
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
-COLOURS = {"reinf": "#1f77b4", "rated": "#9467bd", "sft": "#ff7f0e", "kto": "#2ca02c"}
+COLOURS = {"reinf": "#1f77b4", "rated": "#9467bd", "sft": "#ff7f0e", "kto": "#2ca02c",
+           "bestofn": "#d62728"}
+KTO_GREENS = ("#2ca02c", "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")  # a KTO sweep, in order
+
+
+def colour(name: str, names) -> str | None:
+    """A method's colour; the runs of a KTO learning-rate sweep get one each."""
+    if name.startswith("kto@"):
+        sweep = [n for n in names if n.startswith("kto@")]
+        return KTO_GREENS[sweep.index(name) % len(KTO_GREENS)]
+    return COLOURS.get(name)
 
 
 def _num(value: Any, fmt: str, missing: str = "-") -> str:
@@ -86,10 +97,12 @@ def format_table(report: dict) -> str:
         row = []
         for m in names:
             w = methods[m]["windows"][i]
-            mean = w["mean_rating"] if w["mean_rating"]["mean"] is not None \
+            # the base row shows the probe; best-of-n has no live ratings ("-")
+            base = w0["ratings"] == 0
+            mean = w["mean_rating"] if w["mean_rating"]["mean"] is not None or not base \
                 else w["probe_mean_rating"]
             share = w["preferred_share"] if w["preferred_share"]["mean"] is not None \
-                else w["probe_preferred_share"]
+                or not base else w["probe_preferred_share"]
             text = cell.format(_mean(mean, ".2f"), _mean(share, ".0%"), _mean(w["kl"], ".4f"),
                                _mean(w["perplexity"], ".3f"),
                                _mean(w["perplexity_preferred"], ".3f"))
@@ -126,17 +139,20 @@ def format_table(report: dict) -> str:
     for title, fn in rows:
         lines.append(f"{title:<30}" + "".join(f"{fn(methods[m]['summary']):>26}"
                                               for m in names))
+    lines += _bestofn_lines(report) + _kto_lines(report)
     lines += ["", "Rating model, cross-validated Spearman by round (mean over seeds; '-' where "
-              "the method has none):"]
+              "the method has none; best-of-n: the model it reranked with):"]
+    w = max(6, *(len(m) for m in names))
     for m in names:
         curve = methods[m]["curve"][1:]
         values = [f"{p['ratings']}:{_mean(p['rating_model_consistency'], '.2f')}" for p in curve]
         has = any(p["rating_model_consistency"]["mean"] is not None for p in curve)
-        lines.append(f"  {m:<6} " + (" ".join(values) if has else "-"))
-    lines.append("Round modes (R rollouts, r rated; x rejected, ! failed), one letter a round:")
+        lines.append(f"  {m:<{w}} " + (" ".join(values) if has else "-"))
+    lines.append("Round modes (R rollouts, r rated; x rejected, ! failed; best-of-n: B reranked, "
+                 "1 the first sample), one letter a round:")
     for m in names:
         for run in methods[m]["seeds"]:
-            lines.append(f"  {m:<6} seed {run['seed']}: " + "".join(
+            lines.append(f"  {m:<{w}} seed {run['seed']}: " + "".join(
                 _letter(r) for r in run["rounds"]))
     lines += _goal_lines(report.get("goals") or {})
     lines.append(f"\ntotal {report['seconds']:.0f} s")
@@ -148,7 +164,57 @@ def _letter(rnd: dict) -> str:
         return "!"
     if rnd["status"] == "rejected":
         return "x"
-    return {"rollouts": "R", "rated": "r"}.get(rnd.get("mode"), ".")
+    return {"rollouts": "R", "rated": "r", "reranked": "B",
+            "first sample": "1"}.get(rnd.get("mode"), ".")
+
+
+def _bestofn_lines(report: dict) -> list[str]:
+    """Best-of-n's cost (seconds) and what its rating model changed."""
+    m = report["methods"].get("bestofn")
+    if not m:
+        return []
+    c = m.get("cost") or {}
+    n = c.get("n") or (m.get("settings") or {}).get("n") or "n"
+    points = [p for r in m["seeds"] for p in r["curve"][1:]]
+    reranked = [p for p in points if p.get("mode") == "reranked"]
+    moved = [p["chosen_not_first_share"] for p in reranked]
+    lines = ["", f"Best-of-{n} at serve time (the base model, no training; each point reranked by "
+             "the rating model of the checkpoint Reinf serves there, the first sample before "
+             "it has one it trusts):"]
+    if c:
+        lines.append(
+            f"  cost: {c['samples']} replies ({n} x {c['replies']} probe prompts) sampled in "
+            f"{c['sample_seconds']:.1f} s (one sample each: {c['one_sample_seconds']:.1f} s) + "
+            f"features {c['feature_seconds']:.1f} s = {c['seconds']:.1f} s, "
+            + (f"{c['ratio_to_one_sample']:.1f}x one sample; "
+               if c.get("ratio_to_one_sample") else "")
+            + "sampled once per run (base model and seeds fixed) and reused by every seed "
+              "and round")
+    lines.append(f"  points reranked: {len(reranked)} of {len(points)}"
+                 + (f"; kept a reply other than the first sample for "
+                    f"{statistics.fmean(moved):.0%} of probe prompts" if moved else ""))
+    return lines
+
+
+def _kto_lines(report: dict) -> list[str]:
+    """The KTO learning-rate sweep: every rate's held target and final probe mean, and the
+    best (the one the goals compare with)."""
+    from reinf.bench.aggregate import best_kto, kto_rate, lr_text
+
+    methods = report["methods"]
+    sweep = [m for m in methods if m.startswith("kto@")]
+    if not sweep:
+        return []
+    best = best_kto(methods)
+    x = unit(report)
+    def held(a: dict) -> str:
+        return f"held the target from {_reach(a, '')} {x}" if a["n"] else "never held the target"
+    parts = [f"lr {lr_text(kto_rate(m, ()))}: "
+             f"{held(methods[m]['summary']['ratings_to_target_held'])}, final probe mean "
+             f"{_agg(methods[m]['summary']['final_probe_mean_rating'], '.2f')}"
+             + (" (best)" if m == best else "") for m in sweep]
+    return ["", f"KTO learning-rate sweep ({len(sweep)} runs on the same stream; the goals use "
+            f"the best, {best}): " + "; ".join(parts)]
 
 
 def _goal_lines(g: dict) -> list[str]:
@@ -159,9 +225,10 @@ def _goal_lines(g: dict) -> list[str]:
         return "[x]" if goal["met"] else "[ ]"
     rise, share, ppl = g["rise_by_48"], g["share_by_96"], g["perplexity_preferred"]
     fewer, rm = g["fewer_ratings_than_baselines"], g["rating_model_after_48"]
-    others = [f"{m} {_num(v['mean'], '.0f', 'not held in every seed')}"
+    others = [f"{m}{' (best KTO)' if m == fewer.get('kto_best') and m != 'kto' else ''} "
+              f"{_num(v['mean'], '.0f', 'not held in every seed')}"
               + ("" if v["mean"] is not None else f" (>= {v['bound']:.0f})")
-              for m, v in fewer.items() if m not in ("reinf", "met")]
+              for m, v in fewer.items() if m not in ("reinf", "met", "kto_best")]
     return [
         "", "Goals (default config, Reinf; means over seeds):",
         f"  {box(rise)} probe mean +1.0 over the base by 48 ratings: base "
@@ -188,7 +255,7 @@ def series(report: dict) -> dict[str, dict[str, list[float]]]:
                      "mean": [p["probe_mean_rating"]["mean"] for p in curve],
                      "lo": [p["probe_mean_rating"]["min"] for p in curve],
                      "hi": [p["probe_mean_rating"]["max"] for p in curve],
-                     "kl": [p["kl"]["mean"] for p in curve]}
+                     "kl": [p["kl"]["mean"] for p in curve]}   # None: best-of-n's, no policy
     return out
 
 
@@ -208,10 +275,12 @@ def save_plot(report: dict, path: str | Path) -> Path:
         return path
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
     for name, s in data.items():
-        colour = COLOURS.get(name)
-        left.plot(s["x"], s["mean"], marker="o", ms=3, label=s["label"], color=colour)
-        left.fill_between(s["x"], s["lo"], s["hi"], color=colour, alpha=0.15, lw=0)
-        right.plot(s["x"], s["kl"], marker="o", ms=3, label=s["label"], color=colour)
+        c = colour(name, data)
+        left.plot(s["x"], s["mean"], marker="o", ms=3, label=s["label"], color=c)
+        left.fill_between(s["x"], s["lo"], s["hi"], color=c, alpha=0.15, lw=0)
+        kl = [(x, y) for x, y in zip(s["x"], s["kl"]) if y is not None]
+        if kl:
+            right.plot(*zip(*kl), marker="o", ms=3, label=s["label"], color=c)
     left.axhline(report["plan"]["target"], color="grey", lw=0.8, ls="--", label="target")
     seeds = len(report.get("seeds") or [0])
     left.set(xlabel=unit(report), ylabel=f"probe mean rating ({report['plan']['probe']} prompts)",
@@ -232,7 +301,7 @@ def build_svg(data: dict, report: dict, width: int = 900, height: int = 360) -> 
     panel, and the min-max band where the series has one."""
     pw, ph, pad = width / 2 - 60, height - 80, 50
     xmax = max(max(s["x"]) for s in data.values()) or 1
-    kmax = max(max(s["kl"]) for s in data.values()) or 1e-3
+    kmax = max((y for s in data.values() for y in s["kl"] if y is not None), default=0) or 1e-3
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" '
              'fill="white"/>']
@@ -247,17 +316,18 @@ def build_svg(data: dict, report: dict, width: int = 900, height: int = 360) -> 
         parts.append(f'<text x="{ox}" y="14">{title} vs {unit(report)} (0-{xmax}); '
                      f'y {lo:.3g}-{hi:.3g}</text>')
         for i, (name, s) in enumerate(data.items()):
-            colour = COLOURS.get(name, "#444")
+            c = colour(name, data) or "#444"
             if key == "mean" and s.get("lo") and s.get("hi"):
                 band = [xy(x, y) for x, y in zip(s["x"], s["hi"])] + \
                        [xy(x, y) for x, y in reversed(list(zip(s["x"], s["lo"])))]
-                parts.append(f'<polygon points="{" ".join(band)}" fill="{colour}" '
+                parts.append(f'<polygon points="{" ".join(band)}" fill="{c}" '
                              'fill-opacity="0.15" stroke="none"/>')
-            pts = " ".join(xy(x, y) for x, y in zip(s["x"], s[key]))
-            parts.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" '
-                         'stroke-width="2"/>')
+            pts = " ".join(xy(x, y) for x, y in zip(s["x"], s[key]) if y is not None)
+            if pts:  # best-of-n has no KL: no policy moved
+                parts.append(f'<polyline points="{pts}" fill="none" stroke="{c}" '
+                             'stroke-width="2"/>')
             if k == 0:
-                parts.append(f'<text x="{ox + 8}" y="{40 + 14 * i}" fill="{colour}">'
+                parts.append(f'<text x="{ox + 8}" y="{40 + 14 * i}" fill="{c}">'
                              f'{s["label"]}</text>')
     parts.append(f'<text x="{pad}" y="{height - 10}">rater: {report["rater"]["name"]}</text>')
     return "\n".join(parts + ["</svg>"]) + "\n"

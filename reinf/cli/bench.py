@@ -8,6 +8,7 @@ import os
 
 import click
 
+from reinf.bench.aggregate import lr_text
 from reinf.bench.learn import BASELINES, LearnPlan
 from reinf.cli.common import emit, json_option
 
@@ -60,8 +61,17 @@ def _threads(threads: int | None, config) -> int:
 @click.option("--baselines", show_default=True,
               default=",".join(m for m in PLAN["methods"] if m in BASELINES) or "none",
               help="Comma-separated: rated (Reinf's PPO on rated replies only, "
-                   "training.method=rated), sft (reward-weighted SFT), kto (TRL's KTOTrainer); "
-                   "or none.")
+                   "training.method=rated), sft (reward-weighted SFT), kto (TRL's KTOTrainer, "
+                   "once per --kto-lr), bestofn (no training: the base model's best of "
+                   "--best-of replies by Reinf's rating model); or none.")
+@click.option("--best-of", type=click.IntRange(2), default=PLAN["best_of"], show_default=True,
+              help="bestofn: base-model replies sampled per probe prompt; the rating model "
+                   "Reinf serves after each round keeps the best one (the first sample "
+                   "while it has none it trusts).")
+@click.option("--kto-lr", "kto_lrs", default=",".join(lr_text(lr) for lr in PLAN["kto_lrs"]),
+              show_default=True,
+              help="kto: learning rates, comma-separated; a separate KTO run on the same "
+                   "stream for each, the goals compare Reinf with the best.")
 @click.option("--window", type=click.IntRange(1), default=PLAN["window"], show_default=True,
               help="Ratings per reported window of live ratings.")
 @click.option("--target", type=click.FloatRange(1, 5), default=PLAN["target"],
@@ -90,13 +100,15 @@ def _threads(threads: int | None, config) -> int:
 @json_option
 @click.pass_obj
 def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
-          baselines, window, target, probe, final_probe, threads, plot_path, pairs_every, child,
-          keep, as_json):
+          baselines, best_of, kto_lrs, window, target, probe, final_probe, threads, plot_path,
+          pairs_every, child, keep, as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
     daemon does; the same trainer on rated replies only; then reward-weighted SFT and TRL's
-    KTOTrainer; each on --seeds rating streams. After every round the policy answers --probe
+    KTOTrainer (once per --kto-lr); each on --seeds rating streams. Best-of-n trains nothing:
+    after each of Reinf's rounds, the base model's best of --best-of replies by the rating
+    model Reinf serves. After every round the policy answers --probe
     held-out prompts (never training prompts of the run): the rater's mean and preferred
     share there give the ratings to reach --target (first, and held to the end). Also
     reports the live windows, KL to the base, perplexity on the demo corpus's held-out
@@ -111,7 +123,13 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     unknown = [b for b in chosen if b not in BASELINES]
     if unknown:
         raise BadInput(f"unknown baseline {unknown[0]!r}",
-                       fix="--baselines takes a comma list of rated, sft and kto, or none")
+                       fix="--baselines takes a comma list of rated, sft, kto and bestofn, "
+                           "or none")
+    try:
+        rates = tuple(float(r) for r in kto_lrs.split(",") if r.strip())
+    except ValueError:
+        raise BadInput(f"--kto-lr takes comma-separated learning rates, got {kto_lrs!r}",
+                       fix="pass --kto-lr 5e-6,1e-4,1e-3") from None
     app.override(model_path=model_path)
     config = app.config
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -120,7 +138,7 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
                      seeds=seeds, window=window, target=target, probe=probe,
                      final_probe=final_probe, methods=("reinf", *chosen), child=child,
                      keep=keep, prompts=prompts_file, probe_prompts=probe_file,
-                     pairs_every=pairs_every)
+                     pairs_every=pairs_every, best_of=best_of, kto_lrs=rates)
     report = run_learn(config, plan)
     report["plot"] = str(save_plot(report, plot_path))
     emit(report, as_json, lambda r: click.echo(

@@ -43,7 +43,8 @@ def test_learn_runs_every_method_on_each_seed(invoke, tmp_path):
     baselines = "rated,sft,kto" if HAVE_TRL else "rated,sft"
     report, plot = run_learn(invoke, tmp_path, "--ratings", "16", "--train-after", "8",
                              "--window", "8", "--seeds", "2", "--probe", "4",
-                             "--final-probe", "6", "--target", "3.0", "--baselines", baselines)
+                             "--final-probe", "6", "--target", "3.0", "--baselines", baselines,
+                             "--kto-lr", "5e-6")
     methods = report["methods"]
     assert list(methods) == ["reinf", *baselines.split(",")]
     assert report["seeds"] == [0, 1] and report["plan"]["train_after"] == 8

@@ -3,6 +3,7 @@ aggregation over seeds, the goals, and the table and SVG built from them. None o
 the optional ``bench`` extra (trl, datasets, matplotlib, scipy)."""
 from __future__ import annotations
 
+import re
 import statistics
 
 import pytest
@@ -176,3 +177,160 @@ def test_with_pairs_the_axis_counts_interactions():
     assert "32 interactions a run" in text and "interactions to target, held" in text
     assert "ratings to target" not in text
     assert "vs interactions" in build_svg(series(report), report)
+
+
+# --- the baselines of the issue: best-of-n at serve time, and KTO's learning-rate sweep ------
+
+def fake_bestofn(seed: int, curve: list[float], *, k: int = 16) -> dict:
+    """A per-seed best-of-n run as run_bestofn returns it: no KL, no live ratings, no
+    rounds of training; a point reranked once the rating model is there (after round 1)."""
+    run = fake_run(seed, curve, k=k, mode=None)
+    for i, p in enumerate(run["curve"]):
+        p.update(kl=None, seconds=None, perplexity=BASE["perplexity"],
+                 perplexity_preferred=BASE["perplexity_preferred"])
+        if i:
+            p.update(mode="reranked" if i > 1 else "first sample",
+                     chosen_not_first_share=0.5 if i > 1 else 0.0)
+    for r in run["rounds"]:
+        r["mode"] = "reranked" if r["after_ratings"] > k else "first sample"
+    run["final"].update(kl=None, perplexity=BASE["perplexity"],
+                        perplexity_preferred=BASE["perplexity_preferred"])
+    run.update(windows=[{"ratings": p["ratings"], "mean_rating": None, "preferred_share": None,
+                         **{key: p[key] for key in ("probe_mean_rating", "probe_preferred_share",
+                                                    "kl", "perplexity", "perplexity_preferred")}}
+                        for p in run["curve"]],
+               loop_seconds=None, probe_seconds=None, measure_seconds=None, round_seconds=None,
+               rounds_succeeded=None, rounds_rejected=None, swap_pause_ms_median=None)
+    return run
+
+
+def test_learning_rates_name_kto_runs_and_read_back():
+    from reinf.bench.aggregate import is_kto, kto_key, kto_rate, lr_text
+
+    assert [lr_text(x) for x in (5e-6, 1e-4, 1e-3, 2.5e-5, 0.1)] == [
+        "5e-6", "1e-4", "1e-3", "2.5e-5", "1e-1"]
+    assert kto_key(1e-4, True) == "kto@1e-4" and kto_key(1e-4, False) == "kto"
+    assert kto_rate("kto@1e-4", (5e-6,)) == 1e-4 and kto_rate("kto", (5e-6,)) == 5e-6
+    assert is_kto("kto") and is_kto("kto@1e-3") and not is_kto("sft")
+
+
+def test_run_keys_sweep_kto_and_put_best_of_n_after_reinf():
+    from reinf.bench.learn import KTO_SWEEP, run_keys
+
+    assert 1e-3 in KTO_SWEEP and len(KTO_SWEEP) >= 3     # Reinf's own rate is one of them
+    plan = LearnPlan(methods=("reinf", "bestofn", "kto", "sft"), kto_lrs=(5e-6, 1e-3))
+    assert run_keys(plan) == ["reinf", "kto@5e-6", "kto@1e-3", "sft", "bestofn"]
+    assert run_keys(LearnPlan(methods=("reinf", "kto"), kto_lrs=(1e-4,))) == ["reinf", "kto"]
+    assert "bestofn" in LearnPlan().methods and LearnPlan().best_of == 4
+
+
+def test_the_goal_compares_reinf_with_the_best_kto_and_with_best_of_n():
+    reinf = [fake_run(0, [2.0, 3.5, 4.5, 4.6, 4.6, 4.6, 4.7])]             # held from 32
+    never = [fake_run(0, [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.1], mode=None)]   # KTO at 5e-6
+    kto48 = [fake_run(0, [2.0, 2.5, 3.0, 4.1, 4.2, 4.3, 4.3], mode=None)]  # held from 48
+    kto64 = [fake_run(0, [2.0, 2.5, 3.0, 3.5, 4.1, 4.5, 4.9], mode=None)]  # 64, higher final
+    report = fake_report({"reinf": reinf, "kto@5e-6": never, "kto@1e-4": kto64,
+                          "kto@1e-3": kto48, "bestofn": [fake_bestofn(0, [2.0, 2.0, 3.8, 4.0,
+                                                                          4.2, 4.2, 4.2])]})
+    fewer = report["goals"]["fewer_ratings_than_baselines"]
+    # the best KTO is the one that holds the target soonest (48), not the best final mean
+    assert fewer["kto_best"] == "kto@1e-3"
+    assert set(fewer) == {"reinf", "kto@1e-3", "bestofn", "met", "kto_best"}
+    assert fewer["kto@1e-3"]["mean"] == 48 and fewer["bestofn"]["mean"] == 48
+    assert fewer["reinf"] == 32 and fewer["met"]
+    # best-of-n that holds the target first: Reinf no longer has fewer than every baseline
+    fast = fake_report({"reinf": reinf, "kto@1e-3": kto48,
+                        "bestofn": [fake_bestofn(0, [2.0, 4.5, 4.5, 4.5, 4.5, 4.5, 4.5])]})
+    assert fast["goals"]["fewer_ratings_than_baselines"]["bestofn"]["mean"] == 16
+    assert not fast["goals"]["fewer_ratings_than_baselines"]["met"]
+    # a tie on the held target goes to the higher final probe mean; no KTO, no best
+    from reinf.bench.aggregate import best_kto
+    tie = fake_report({"reinf": reinf, "kto@1e-4": kto48, "kto@1e-3": [fake_run(
+        0, [2.0, 2.5, 3.0, 4.1, 4.2, 4.3, 4.6], mode=None)]})
+    assert best_kto(tie["methods"]) == "kto@1e-3"
+    assert fake_report({"reinf": reinf})["goals"]["fewer_ratings_than_baselines"][
+        "kto_best"] is None
+
+
+def test_best_of_n_summary_has_no_kl_or_training_figures():
+    runs = [fake_bestofn(0, [2.0, 2.0, 4.2]), fake_bestofn(1, [2.0, 2.0, 4.6])]
+    report = fake_report({"reinf": [fake_run(0, [2.0, 3.8, 4.4]), fake_run(1, [2.0, 4.4, 4.4])],
+                          "bestofn": runs}, ratings=32)
+    s = report["methods"]["bestofn"]["summary"]
+    assert s["final_probe_mean_rating"]["mean"] == pytest.approx(4.4)
+    assert s["ratings_to_target_held"]["values"] == [32, 32]
+    assert s["final_kl"]["n"] == 0 and s["perplexity_change"]["mean"] == 0.0
+    assert s["round_seconds"]["n"] == 0 and s["rounds_rollouts"]["n"] == 0
+
+
+def test_table_shows_best_of_n_cost_and_every_kto_rate():
+    reinf = [fake_run(0, [2.0, 3.8, 4.4])]
+    report = fake_report({"reinf": reinf,
+                          "kto@5e-6": [fake_run(0, [2.0, 2.0, 2.0], mode=None)],
+                          "kto@1e-3": [fake_run(0, [2.0, 3.0, 4.1], mode=None)],
+                          "bestofn": [fake_bestofn(0, [2.0, 2.0, 4.2])]}, ratings=32)
+    report["methods"]["bestofn"]["settings"] = {"n": 4}
+    report["methods"]["bestofn"]["cost"] = {
+        "n": 4, "replies": 128, "samples": 512, "sample_seconds": 8.0,
+        "one_sample_seconds": 2.0, "feature_seconds": 1.0, "seconds": 9.0,
+        "ratio_to_one_sample": 4.5}
+    text = format_table(report)
+    assert "512 replies (4 x 128 probe prompts) sampled in 8.0 s" in text
+    assert "= 9.0 s, 4.5x one sample" in text
+    assert "points reranked: 1 of 2" in text
+    assert "lr 5e-6: never held the target, final probe mean 2.00;" in text
+    assert "lr 1e-3: held the target from 32 ratings, final probe mean 4.10 (best)" in text
+    assert "the goals use the best, kto@1e-3" in text and "kto@1e-3 (best KTO) 32" in text
+    assert re.search(r"\n  bestofn +seed 0: 1B\n", text)    # first sample, then reranked
+    windows = text.split("Live windows")[1].split("\n\n")[0].splitlines()
+    assert windows[-1].rstrip().endswith("-    -      - 1.300 1.500")   # no live ratings
+    data = series(report)
+    assert data["bestofn"]["kl"] == [None, None, None]
+    svg = build_svg(data, report)
+    assert svg.count("<polyline") == 7            # 4 probe curves, and KL for all but best-of-n
+
+
+def test_choose_best_keeps_the_highest_pessimistic_score_or_the_first_sample():
+    import torch
+
+    from reinf.bench.baselines import Candidates, choose_best
+    from reinf.training.rating_model import RatingModel
+
+    # two identical heads on one feature (score 3 + x, no spread); probe reply 1's second
+    # candidate is an empty reply, which has no feature row
+    def model(consistency):
+        return RatingModel(mu=torch.zeros(1), sd=torch.ones(1),
+                           weights=torch.tensor([[1.0], [1.0]]), biases=torch.tensor([3.0, 3.0]),
+                           strength=1.0, n=16, consistency=consistency).state_dict()
+    replies = [[object()] * 3, [object()] * 3]
+    rows = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)]          # (1, 1): an empty reply
+    feats = torch.tensor([[-1.0], [1.5], [1.5], [0.5], [-0.5]])
+    cands = Candidates(replies, feats, rows, [1.0, 1.0, 1.0], 0.1)
+    pick = choose_best(model(0.6), cands, pessimism=0.5, min_consistency=0.3)
+    assert pick.reranked and pick.chosen == [1, 0]           # a tie keeps the first of them
+    assert pick.predicted[0] == pytest.approx([2.0, 4.5, 4.5])
+    assert pick.predicted[1][1] is None                      # never chosen
+    for state in (model(0.1), model(None), None):            # untrusted, undefined, none
+        again = choose_best(state, cands, pessimism=0.5, min_consistency=0.3)
+        assert again.chosen == [0, 0] and not again.reranked and again.predicted is None
+    # the pessimism: a head that disagrees pulls a candidate down by 0.5 x its spread
+    split = RatingModel(mu=torch.zeros(1), sd=torch.ones(1),
+                        weights=torch.tensor([[2.0], [0.0]]), biases=torch.tensor([3.0, 3.0]),
+                        strength=1.0, n=16, consistency=0.9).state_dict()
+    one = Candidates([[object()] * 2], torch.tensor([[0.9], [0.5]]), [(0, 0), (0, 1)],
+                     [1.0, 1.0], 0.1)
+    # means 3.9 and 3.5, spreads 0.9 and 0.5: pessimistic 3.45 and 3.25; plain mean agrees
+    assert choose_best(split, one, pessimism=0.5, min_consistency=0.3).chosen == [0]
+    # with a strong pessimism the surer candidate wins: 3.9 - 2 x 0.9 < 3.5 - 2 x 0.5
+    assert choose_best(split, one, pessimism=2.0, min_consistency=0.3).chosen == [1]
+
+
+def test_the_cli_refuses_bad_best_of_and_kto_rates_before_loading_anything(invoke):
+    result = invoke("bench", "learn", "--baselines", "bestofn", "--best-of", "1")
+    assert result.exit_code == 2 and "--best-of" in result.output
+    result = invoke("bench", "learn", "--baselines", "kto", "--kto-lr", "1e-4,fast")
+    assert result.exit_code == 1 and "--kto-lr takes" in result.output
+    result = invoke("bench", "learn", "--baselines", "kto", "--kto-lr", "1e-4,0.0001")
+    assert result.exit_code == 1 and "distinct learning rates" in result.output
+    help_text = invoke("bench", "learn", "--help").output
+    assert "bestofn" in help_text and "5e-6,1e-4,1e-3" in help_text
