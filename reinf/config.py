@@ -102,6 +102,10 @@ class GenerationConfig:
     max_new_tokens: int = setting(128, "longest reply, in tokens", min=1, max=32_768)
     system_prompt: str | None = setting(None, "system message of new conversations (one may set "
                                               "its own); null = none")
+    best_of: int = setting(1, "replies sampled per message; the rating model of the active "
+                              "checkpoint keeps the one it scores highest (pessimistic score); "
+                              "1 = off. Costs about N replies' compute in one batch, and the "
+                              "reply appears when all are done (no token streaming)", min=1, max=8)
 
 
 @dataclass(frozen=True)

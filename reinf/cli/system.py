@@ -136,6 +136,8 @@ def _print_status(d):
                                    if run else "none yet"),
         f"training:           {_describe_training(d['training'])}",
         *([f"what changed:       {d['vs_base']['line']}"] if d.get("vs_base") else []),
+        *([f"best-of-n:          {d['best_of']['line']}"]
+          if d.get("best_of") and d["best_of"]["best_of"] > 1 else []),
         f"next run:           {_describe_next_run(d)}",
         f"daemon:             " + ("running, pid %s" % d["daemon"].get("pid")
                                    if d["daemon"].get("running") else "not running"),

@@ -53,6 +53,7 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "reward_hook": _reward_hook_status(round_config),
         "training": _training_status(round_config, store),
         "vs_base": vs_base_status(store, active),
+        "best_of": best_of_status(config, active, engine),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
         "trainer_log_file": str(config.data_dir / "logs" / "trainer.log"),
         "warnings": warnings,
@@ -187,6 +188,35 @@ def vs_base_status(store, active) -> dict | None:
     picks = picks_vs_base(store, active.id)
     return {"checkpoint_id": active.id, "by_rating_model": by_model, "by_your_picks": picks,
             "line": describe_vs_base(active.id, by_model, picks)}
+
+
+def best_of_status(config: Config, active, engine=None) -> dict:
+    """Best-of-n at serve time (generation.best_of): ``{best_of, active, checkpoint_id,
+    reason, line}``, from the engine where one runs, else from the active checkpoint's
+    rating model file read as the engine reads it (reinf.serving.best_of.read_rater)."""
+    n = config.generation.best_of
+    if engine is not None:
+        out = engine.best_of_status()
+    else:
+        out = {"best_of": n, "active": False,
+               "checkpoint_id": active.id if active else None, "reason": None}
+        if n <= 1:
+            out["reason"] = "off (generation.best_of is 1)"
+        elif active is None:
+            out["reason"] = "the base model is served: no checkpoint, so no rating model yet"
+        else:
+            # torch loads here only, once best_of is on
+            from reinf.serving.best_of import read_rater
+            rater = read_rater(active.id, active.path, config.training.min_consistency)
+            out["active"], out["reason"] = rater.model is not None, rater.reason
+    cid = out["checkpoint_id"]
+    name = (cid or "").split("-")[0]
+    name = name if name[1:].isdigit() and name.startswith("r") else cid
+    out["line"] = ("best-of-n: off" if out["best_of"] <= 1 else
+                   f"best-of-{out['best_of']}: on (rating model of {name})" if out["active"] else
+                   f"best-of-{out['best_of']}: waiting for a trusted rating model "
+                   f"({out['reason']})")
+    return out
 
 
 def describe_vs_base(checkpoint_id: str, by_model: dict | None, picks: dict | None) -> str:

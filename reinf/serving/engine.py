@@ -9,6 +9,16 @@ reply alone, under the same lock, and the active one is back before the next rep
 Tokens come from ``reinf.model.sampling.decode`` (a batch of one), the same decoder the
 trainer's rollouts use, so each reply records its exact prompt and reply token ids and each
 sampled token's behaviour log-probability, and can stop between tokens.
+
+Best-of-n (``generation.best_of`` > 1): a chat reply from the active adapter is sampled
+``best_of`` times in one batch of the same decoder, and the rating model the active
+checkpoint carries (``rating_model.safetensors``, read when the checkpoint is swapped in,
+outside the lock, as its adapter is) keeps the candidate with the highest pessimistic score
+(``mean - training.pessimism * std``, the trainer's reward for a fresh reply; the first on a
+tie). Only a rating model the trainer would trust serves (``untrusted_reason``); without
+one, the reply is one plain streamed sample and its gen_params say why. The kept reply's
+log-probs are its own row's behaviour log-probs, so PPO's ratio stays exact per token. Its
+text reaches the stream in one piece, once the candidates are scored.
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ from reinf.model.adapters import Adapters, read_adapter
 from reinf.model.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
                                   get_context_limit, load_model, resolve_max_history)
 from reinf.model.sampling import decode, eos_token_ids
+from reinf.serving.best_of import Rater, read_rater
 from reinf.training.rating_model import reply_features
 
 log = logging.getLogger(__name__)
@@ -156,6 +167,7 @@ class _Swap:
     state_dict: dict | None = None
     pause_ms: float | None = None
     error: BaseException | None = None
+    rater: Rater | None = None     # its rating model for best-of-n (read when best_of > 1)
 
 
 class Engine:
@@ -173,6 +185,7 @@ class Engine:
         self._swaps_lock = threading.Lock()    # guards _pending
         self._pending: list[_Swap] = []
         self._adapters = Adapters(self.model)  # touched only under self._lock
+        self._raters: dict[str, Rater] = {}   # loaded checkpoints' rating models (best-of-n)
         self.last_swap_pause_ms: float | None = None
         self.last_swap_error: str | None = None
 
@@ -210,7 +223,29 @@ class Engine:
                 if self._adapters.can_rollback else None,
                 "last_swap_pause_ms": self.last_swap_pause_ms,
                 "swaps_waiting": len(self._pending),  # requested, to land when a reply ends
-                "context_tokens": self.context_limit}
+                "context_tokens": self.context_limit,
+                "best_of": self.best_of_status()}
+
+    def best_of_status(self) -> dict[str, Any]:
+        """Best-of-n as it stands: ``{best_of, active, checkpoint_id, reason}``; ``active``
+        when replies are chosen by a rating model now, else ``reason`` says why not."""
+        n = self.config.generation.best_of
+        active = self._adapters.active
+        rater = self._rater(active)
+        out = {"best_of": n, "active": False, "checkpoint_id": active, "reason": None}
+        if n <= 1:
+            out["reason"] = "off (generation.best_of is 1)"
+        elif active is None:
+            out["reason"] = "the base model is served: no checkpoint, so no rating model yet"
+        elif rater is None or rater.model is None:
+            out["reason"] = rater.reason if rater is not None else \
+                f"checkpoint {active} was loaded without its directory; no rating model read"
+        else:
+            out["active"] = True
+        return out
+
+    def _rater(self, checkpoint_id: str | None) -> Rater | None:
+        return None if checkpoint_id is None else self._raters.get(checkpoint_id)
 
     # --- replies --------------------------------------------------------------------
 
@@ -286,8 +321,17 @@ class Engine:
                 self._apply_pending()
                 try:
                     if adapter is None:
+                        active = self._adapters.active
+                        n = self.config.generation.best_of
+                        if n > 1 and not ignore_eos:
+                            status = self.best_of_status()
+                            if status["active"]:
+                                return self._sample_best_of(stream, prompt, params, started,
+                                                            active, n, self._rater(active))
+                            params = {**params, "best_of": n, "best_of_used": 1,
+                                      "best_of_reason": status["reason"]}
                         return self._sample(stream, prompt, params, started, ignore_eos,
-                                            self._adapters.active)
+                                            active)
                     with self._adapters.borrowed(adapter.checkpoint_id, adapter.peft_config,
                                                  adapter.state_dict):
                         return self._sample(stream, prompt, params, started, ignore_eos,
@@ -354,6 +398,77 @@ class Engine:
                      interrupted=finish == "interrupted", gen_params=dict(params),
                      finish_reason=finish)
 
+    @torch.inference_mode()
+    def _sample_best_of(self, stream: ReplyStream, prompt: list[int], params: dict,
+                        started: float, checkpoint_id: str, n: int, rater: Rater) -> Reply:
+        """``n`` replies to ``prompt`` from the active adapter in one batch; the rating model
+        keeps one. The caller holds the lock, so the features are taken here (base model,
+        adapter off) and not through ``rating_features``, which takes it."""
+        temperature, top_p = params["temperature"], params["top_p"]
+        max_new = params["max_new_tokens"]
+        gen = torch.Generator(device=self.device)
+        if params.get("seed") is not None:
+            gen.manual_seed(params["seed"])
+        else:
+            gen.seed()
+        ids: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        finish = ["length"] * n
+        ttft_ms = None
+        interrupted = False
+        steps = decode(self.model, [prompt] * n, temperature=temperature, top_p=top_p,
+                       max_new_tokens=max_new, generator=gen, eos_ids=self.eos_ids)
+        while True:
+            if stream.stopped and any(f != "stop" and len(r) < max_new
+                                      for f, r in zip(finish, ids)):
+                interrupted = True
+                break
+            step = next(steps, None)  # one forward pass for every candidate's next token
+            if step is None:
+                break
+            tokens, lps = step.tokens.tolist(), step.logprobs.tolist()
+            live, ended = step.live.tolist(), step.ended.tolist()
+            if ttft_ms is None:
+                ttft_ms = (time.perf_counter() - started) * 1000
+            for i in range(n):
+                if live[i]:
+                    ids[i].append(int(tokens[i]))
+                    logprobs[i].append(float(lps[i]))
+                    if ended[i]:
+                        finish[i] = "stop"
+        steps.close()
+        gen_params = {**params, "best_of": n}
+        if interrupted:  # Stop before the candidates were done: the first one, as it is
+            chosen, scores = 0, None
+            gen_params.update(best_of_used=1, best_of_reason="stopped before the candidates "
+                              "were done; the first one is kept as it was")
+        else:
+            rows = [i for i in range(n) if ids[i]]
+            scores = [None] * n
+            if rows:
+                with self._adapters.borrowed(None):  # the rating model reads the base model
+                    features = reply_features(self.model, [(prompt, ids[i]) for i in rows])
+                predicted = rater.model.score(features, self.config.training.pessimism).tolist()
+                for i, score in zip(rows, predicted):
+                    scores[i] = round(float(score), 4)
+            # the highest score, the first on a tie (an empty candidate never wins)
+            chosen = max(range(n), key=lambda i: (-1.0 if scores[i] is None else scores[i], -i))
+            gen_params.update(best_of_chosen=chosen, best_of_scores=scores,
+                              best_of_checkpoint_id=rater.checkpoint_id)
+        text = Detokenizer(self.tokenizer)
+        reply_ids = ids[chosen]
+        for token in reply_ids[:-1] if finish[chosen] == "stop" else reply_ids:
+            text.add(token)
+        text.flush()
+        if text.text:
+            stream.emit(text.text)  # the whole reply at once: it was chosen after sampling
+        return Reply(text=text.text, prompt_ids=prompt, reply_ids=list(reply_ids),
+                     logprobs=list(logprobs[chosen]), checkpoint_id=checkpoint_id,
+                     ttft_ms=ttft_ms, latency_ms=(time.perf_counter() - started) * 1000,
+                     interrupted=interrupted,
+                     gen_params=gen_params,
+                     finish_reason="interrupted" if interrupted else finish[chosen])
+
     def borrow(self, checkpoint_id: str | None, path: str | Path | None = None) -> Borrowed:
         """The adapter of ``checkpoint_id`` (a PEFT adapter in ``path``; None: the bare base)
         for ``stream_prompt(adapter=...)``. Its weights are read now, outside the lock; a
@@ -390,6 +505,9 @@ class Engine:
             # Read whenever a directory is given, loaded or not: whether it is still loaded
             # is decided under the lock (_apply_pending), where eviction also happens.
             swap.peft_config, swap.state_dict = read_adapter(Path(path), checkpoint_id)
+            if self.config.generation.best_of > 1:  # its rating model, read outside the lock too
+                swap.rater = read_rater(checkpoint_id, path,
+                                        self.config.training.min_consistency)
         elif checkpoint_id not in self._adapters:
             raise BadInput(f"checkpoint {checkpoint_id} is not loaded; give its directory")
         with self._swaps_lock:
@@ -421,6 +539,10 @@ class Engine:
                     self._adapters.add(swap.checkpoint_id, swap.peft_config, swap.state_dict)
                 self._adapters.activate(swap.checkpoint_id)
                 swap.state_dict = None  # in the model now, or not needed
+                if swap.rater is not None:
+                    self._raters[swap.checkpoint_id] = swap.rater
+                # the rating models of loaded adapters only (active and previous)
+                self._raters = {c: r for c, r in self._raters.items() if c in self._adapters}
                 self.last_swap_error = None
             except Exception as exc:  # noqa: BLE001 - a bad adapter must not stop the chat
                 log.exception("adapter swap to %s failed", swap.checkpoint_id)

@@ -434,3 +434,13 @@ def test_unwritable_files_and_a_locked_database_are_one_line(runner, seeded, hom
 
     raised.append(ValueError("a bug"))
     assert isinstance(runner.invoke(main, ["status"]).exception, ValueError)
+
+
+def test_status_says_whether_best_of_n_chooses_the_replies(invoke, seeded, monkeypatch):
+    assert "best-of-n" not in invoke("status").output          # off: no line
+    monkeypatch.setenv("REINF_BEST_OF", "4")
+    out = invoke("status").output
+    assert "best-of-n:          best-of-4: waiting for a trusted rating model (the base " \
+           "model is served" in out
+    status = json.loads(invoke("status", "--json").output)
+    assert status["best_of"]["best_of"] == 4 and status["best_of"]["active"] is False

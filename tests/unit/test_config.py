@@ -365,3 +365,14 @@ def test_a_named_model_brings_its_defaults_under_everything_a_person_sets(tmp_pa
     assert mine.generation.max_new_tokens == 64
     assert mine.training.rollout_max_new_tokens == preset["training.rollout_max_new_tokens"]
     assert "[model]" in render_yaml(mine, origins=True)
+
+
+@pytest.mark.parametrize("value, words", [(0, "≥ 1"), (9, "≤ 8")])
+def test_best_of_is_one_to_eight(home, value, words):
+    env = {"REINF_HOME": str(home)}
+    with pytest.raises(ConfigError) as info:
+        load_config(environ=env, overrides={"best_of": value})
+    assert info.value.key == "best_of" and words in str(info.value)
+    assert f"best_of = {value}" in str(info.value) and info.value.fix
+    assert load_config(environ=env).generation.best_of == 1  # off by default
+    assert load_config(environ=env, overrides={"best_of": 8}).generation.best_of == 8
