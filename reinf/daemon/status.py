@@ -12,6 +12,7 @@ from reinf.catalog import resolve_model_path
 from reinf.config import Config
 from reinf.model.lora import lora_target_warnings, read_layers
 from reinf.model.memory import plan_memory, planned_device
+from reinf.serving.best_of import best_of_state, read_rater
 from reinf.storage import db
 
 #: The sections a training round takes from config.yaml as it is then: the trainer child
@@ -194,29 +195,25 @@ def best_of_status(config: Config, active, engine=None) -> dict:
     """Best-of-n at serve time (generation.best_of): ``{best_of, active, checkpoint_id,
     reason, line}``, from the engine where one runs, else from the active checkpoint's
     rating model file read as the engine reads it (reinf.serving.best_of.read_rater)."""
-    n = config.generation.best_of
     if engine is not None:
         out = engine.best_of_status()
     else:
-        out = {"best_of": n, "active": False,
-               "checkpoint_id": active.id if active else None, "reason": None}
-        if n <= 1:
-            out["reason"] = "off (generation.best_of is 1)"
-        elif active is None:
-            out["reason"] = "the base model is served: no checkpoint, so no rating model yet"
-        else:
-            # torch loads here only, once best_of is on
-            from reinf.serving.best_of import read_rater
-            rater = read_rater(active.id, active.path, config.training.min_consistency)
-            out["active"], out["reason"] = rater.model is not None, rater.reason
-    cid = out["checkpoint_id"]
-    name = (cid or "").split("-")[0]
-    name = name if name[1:].isdigit() and name.startswith("r") else cid
+        n, cid = config.generation.best_of, active.id if active else None
+        rater = read_rater(cid, active.path, config.training.min_consistency) \
+            if n > 1 and active is not None else None
+        out = best_of_state(n, cid, rater)
     out["line"] = ("best-of-n: off" if out["best_of"] <= 1 else
-                   f"best-of-{out['best_of']}: on (rating model of {name})" if out["active"] else
+                   f"best-of-{out['best_of']}: on (rating model of "
+                   f"{short_name(out['checkpoint_id'])})" if out["active"] else
                    f"best-of-{out['best_of']}: waiting for a trusted rating model "
                    f"({out['reason']})")
     return out
+
+
+def short_name(checkpoint_id: str) -> str:
+    """r0007 of r0007-20261125-030648-8ce1; any other id as it is."""
+    name = checkpoint_id.split("-")[0]
+    return name if name[1:].isdigit() and name.startswith("r") else checkpoint_id
 
 
 def describe_vs_base(checkpoint_id: str, by_model: dict | None, picks: dict | None) -> str:
@@ -232,9 +229,7 @@ def describe_vs_base(checkpoint_id: str, by_model: dict | None, picks: dict | No
         if picks["checkpoints"] != [checkpoint_id]:
             text += " of it and its ancestors"
         parts.append(text)
-    name = checkpoint_id.split("-")[0]  # r0007 of r0007-20261125-030648-8ce1
-    name = name if name[1:].isdigit() and name.startswith("r") else checkpoint_id
-    return f"{name} vs base: " + (", ".join(parts) if parts else "not measured yet (a round "
+    return f"{short_name(checkpoint_id)} vs base: " + (", ".join(parts) if parts else "not measured yet (a round "
                                   "with a rating model measures it; the compare page counts "
                                   "your picks)")
 

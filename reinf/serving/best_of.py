@@ -15,7 +15,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Rater", "read_rater", "untrusted_reason"]
+__all__ = ["Rater", "best_of_state", "read_rater", "untrusted_reason"]
 
 
 def untrusted_reason(consistency: float | None, min_consistency: float) -> str | None:
@@ -61,3 +61,20 @@ def read_rater(checkpoint_id: str, path: str | Path, min_consistency: float) -> 
         return Rater(checkpoint_id, None, f"the rating model of {checkpoint_id} is not "
                                           f"trusted: {reason}")
     return Rater(checkpoint_id, model)
+
+
+def best_of_state(n: int, checkpoint_id: str | None, rater: Rater | None) -> dict[str, Any]:
+    """Best-of-n as it stands: ``{best_of, active, checkpoint_id, reason}``; ``active`` when
+    replies are chosen by a rating model now, else ``reason`` says why not. ``rater`` is the
+    active checkpoint's (None: not read)."""
+    out = {"best_of": n, "active": False, "checkpoint_id": checkpoint_id, "reason": None}
+    if n <= 1:
+        out["reason"] = "off (generation.best_of is 1)"
+    elif checkpoint_id is None:
+        out["reason"] = "the base model is served: no checkpoint, so no rating model yet"
+    elif rater is None or rater.model is None:
+        out["reason"] = rater.reason if rater is not None else \
+            f"checkpoint {checkpoint_id} was loaded without its directory; no rating model read"
+    else:
+        out["active"] = True
+    return out

@@ -38,7 +38,7 @@ from reinf.model.adapters import Adapters, read_adapter
 from reinf.model.modeling import (OOM_FIX, Detokenizer, LoadedModel, build_prompt_ids,
                                   get_context_limit, load_model, resolve_max_history)
 from reinf.model.sampling import decode, eos_token_ids
-from reinf.serving.best_of import Rater, read_rater
+from reinf.serving.best_of import Rater, best_of_state, read_rater
 from reinf.training.rating_model import reply_features
 
 log = logging.getLogger(__name__)
@@ -227,22 +227,9 @@ class Engine:
                 "best_of": self.best_of_status()}
 
     def best_of_status(self) -> dict[str, Any]:
-        """Best-of-n as it stands: ``{best_of, active, checkpoint_id, reason}``; ``active``
-        when replies are chosen by a rating model now, else ``reason`` says why not."""
-        n = self.config.generation.best_of
+        """Best-of-n as it stands (``reinf.serving.best_of.best_of_state``)."""
         active = self._adapters.active
-        rater = self._rater(active)
-        out = {"best_of": n, "active": False, "checkpoint_id": active, "reason": None}
-        if n <= 1:
-            out["reason"] = "off (generation.best_of is 1)"
-        elif active is None:
-            out["reason"] = "the base model is served: no checkpoint, so no rating model yet"
-        elif rater is None or rater.model is None:
-            out["reason"] = rater.reason if rater is not None else \
-                f"checkpoint {active} was loaded without its directory; no rating model read"
-        else:
-            out["active"] = True
-        return out
+        return best_of_state(self.config.generation.best_of, active, self._rater(active))
 
     def _rater(self, checkpoint_id: str | None) -> Rater | None:
         return None if checkpoint_id is None else self._raters.get(checkpoint_id)
@@ -350,6 +337,15 @@ class Engine:
             raise ModelError(f"generation failed: {type(exc).__name__}: {exc}",
                              fix="see the log; `reinf chat --debug` shows the traceback") from exc
 
+    def _generator(self, params: dict) -> torch.Generator:
+        """The reply's random generator: seeded by ``params["seed"]`` when given."""
+        gen = torch.Generator(device=self.device)
+        if params.get("seed") is not None:
+            gen.manual_seed(params["seed"])
+        else:
+            gen.seed()
+        return gen
+
     @torch.inference_mode()
     def _sample(self, stream: ReplyStream, prompt: list[int], params: dict, started: float,
                 ignore_eos: bool, checkpoint_id: str | None) -> Reply:
@@ -357,11 +353,7 @@ class Engine:
         the lock this reply holds)."""
         temperature, top_p = params["temperature"], params["top_p"]
         max_new = params["max_new_tokens"]
-        gen = torch.Generator(device=self.device)
-        if params.get("seed") is not None:
-            gen.manual_seed(params["seed"])
-        else:
-            gen.seed()
+        gen = self._generator(params)
         text = Detokenizer(self.tokenizer)
         reply_ids: list[int] = []
         logprobs: list[float] = []
@@ -406,11 +398,7 @@ class Engine:
         adapter off) and not through ``rating_features``, which takes it."""
         temperature, top_p = params["temperature"], params["top_p"]
         max_new = params["max_new_tokens"]
-        gen = torch.Generator(device=self.device)
-        if params.get("seed") is not None:
-            gen.manual_seed(params["seed"])
-        else:
-            gen.seed()
+        gen = self._generator(params)
         ids: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n

@@ -7,18 +7,13 @@ import json
 import statistics
 
 import pytest
+import trainkit as tk
 
 pytestmark = pytest.mark.e2e
 HAVE_TRL = importlib.util.find_spec("trl") is not None
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+restore_threads = pytest.fixture(autouse=True)(tk.threads_restored)
 
 
 def run_learn(invoke, tmp_path, *args):

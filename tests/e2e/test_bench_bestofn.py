@@ -6,17 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import trainkit as tk
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+restore_threads = pytest.fixture(autouse=True)(tk.threads_restored)
 
 
 def test_best_of_n_reranks_base_replies_with_reinfs_rating_model(invoke, tmp_path, monkeypatch):

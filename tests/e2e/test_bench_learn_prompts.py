@@ -7,19 +7,14 @@ import shutil
 import sqlite3
 
 import pytest
+import trainkit as tk
 
 from reinf.bench.prompts import in_probe, load_builtin, normalise
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+restore_threads = pytest.fixture(autouse=True)(tk.threads_restored)
 
 
 def test_learn_trains_on_the_file_and_probes_on_held_out_prompts(invoke, tmp_path):

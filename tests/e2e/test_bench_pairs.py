@@ -7,17 +7,12 @@ import json
 import shutil
 
 import pytest
+import trainkit as tk
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+restore_threads = pytest.fixture(autouse=True)(tk.threads_restored)
 
 
 def test_learn_with_a_pair_every_fourth_interaction(invoke, tmp_path):

@@ -110,3 +110,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def threads_restored():
+    """`reinf bench ... --threads N` sets torch's thread count in the test's own process:
+    put the previous one back afterwards (use as a generator fixture)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
