@@ -163,6 +163,9 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         if "base" not in shared:
             shared["base"] = probe.measure(max(plan.probe, plan.final_probe))
             shared["base_curve"] = probe.measure(plan.probe)
+            progress(f"base model: probe mean {shared['base_curve']['probe_mean_rating']:.2f}, "
+                     f"preferred {shared['base_curve']['probe_preferred_share']:.0%} "
+                     f"({plan.probe} replies)")
         curve = [{"ratings": 0, "seconds": 0.0, **shared["base_curve"]}]
         windows = [{"ratings": 0, **shared["base_curve"]}]
 
