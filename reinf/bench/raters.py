@@ -22,7 +22,8 @@ no-exclamation, answer-first, formal, casual, gives-example, arithmetic, context
 and ``noisy-graded`` (as length-graded, but 10% of its ratings off by one, seeded).
 
 ``TUNED_ON`` lists the raters that were used to choose Reinf's defaults (``kl_loss_coef``,
-RLOO); every other one is *unseen*, and the report says which (``"unseen"``).
+RLOO) or whose probe figures were read while comparing settings (length-graded and formal,
+on the real model); every other one is *unseen*, and the report says which (``"unseen"``).
 
 ``--rater path/to/file.py:function`` loads any function with the same signature. It may
 carry a ``preferred(prompt, reply) -> bool`` (or ``preferred(reply)``) attribute; without
@@ -50,9 +51,14 @@ SLIP = 0.1    # the noisy-graded rater is off by one 10% of the time
 # The raters used to choose the defaults: kl_loss_coef (0.05, measured on all seven) and
 # RLOO over GAE (prefers-terse and no_bang_q), docs/benchmarks.md. length_graded and
 # no_bang_q are the two in docs/benchmarks/tuning_raters.py, named as --rater names them.
+# length-graded and formal: the real model's settings sweep on a GPU (learning rate, epochs,
+# KL penalty, rollouts, LoRA targets; docs/benchmarks.md, "On a GPU") read their probe, so
+# they no longer count as unseen, though no default was changed by it yet.
 TUNED_ON = ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
-            "dislikes-questions", "tuning_raters.py:length_graded", "tuning_raters.py:no_bang_q")
-DERIVED = {"noisy": "prefers-terse"}   # rates with a tuned rater's rule, so it is not unseen
+            "dislikes-questions", "tuning_raters.py:length_graded", "tuning_raters.py:no_bang_q",
+            "length-graded", "formal")
+# rate with a tuned rater's rule, so they are not unseen either
+DERIVED = {"noisy": "prefers-terse", "noisy-graded": "length-graded"}
 
 
 @dataclass

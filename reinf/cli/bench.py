@@ -34,10 +34,11 @@ def _threads(threads: int | None, config) -> int:
 @click.option("--rater", default=PLAN["rater"], show_default=True,
               help="Built-in rater or FILE.py:function. For the demo model's styles: "
                    "prefers-terse, prefers-chatty, prefers-bullets, prefers-plain, "
-                   "dislikes-questions, noisy. Over real text (never used to tune a "
-                   "default): length-graded, bullets, no-question-back, no-exclamation, "
-                   "answer-first, formal, casual, gives-example, arithmetic, context-length, "
-                   "noisy-graded.")
+                   "dislikes-questions, noisy. Over real text: length-graded, bullets, "
+                   "no-question-back, no-exclamation, answer-first, formal, casual, "
+                   "gives-example, arithmetic, context-length, noisy-graded (the report "
+                   "says which were used to compare settings and so are not unseen: "
+                   "length-graded, formal, noisy-graded).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               default=PLAN["prompts"],
               help="Training prompts, .txt (one a line) or .jsonl ({\"prompt\": ...}) "
