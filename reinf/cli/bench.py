@@ -83,6 +83,9 @@ def _threads(threads: int | None, config) -> int:
 @click.option("--final-probe", type=click.IntRange(1), default=PLAN["final_probe"],
               show_default=True,
               help="Probe replies for the base model and the final measurement.")
+@click.option("--heldout", type=click.IntRange(8), default=PLAN["heldout"], show_default=True,
+              help="Held-out corpus items behind the perplexity change and the rating "
+                   "model's held-out Spearman (fewer: a faster, noisier run).")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch CPU threads [default: train_threads, else torch's own].")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench-learn.png",
@@ -101,8 +104,8 @@ def _threads(threads: int | None, config) -> int:
 @json_option
 @click.pass_obj
 def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
-          baselines, best_of, kto_lrs, window, target, probe, final_probe, threads, plot_path,
-          pairs_every, child, keep, as_json):
+          baselines, best_of, kto_lrs, window, target, probe, final_probe, heldout, threads,
+          plot_path, pairs_every, child, keep, as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
@@ -137,8 +140,8 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     _threads(threads, config)
     plan = LearnPlan(rater=rater, ratings=ratings, train_after=train_after or 0, seed=seed,
                      seeds=seeds, window=window, target=target, probe=probe,
-                     final_probe=final_probe, methods=("reinf", *chosen), child=child,
-                     keep=keep, prompts=prompts_file, probe_prompts=probe_file,
+                     final_probe=final_probe, heldout=heldout, methods=("reinf", *chosen),
+                     child=child, keep=keep, prompts=prompts_file, probe_prompts=probe_file,
                      pairs_every=pairs_every, best_of=best_of, kto_lrs=rates)
     report = run_learn(config, plan)
     report["plot"] = str(save_plot(report, plot_path))

@@ -18,7 +18,8 @@ restore_threads = pytest.fixture(autouse=True)(tk.threads_restored)
 
 def run_learn(invoke, tmp_path, *args):
     plot = tmp_path / "learn.png"
-    result = invoke("bench", "learn", "--json", "--threads", "1", "--plot", plot, *args)
+    result = invoke("bench", "learn", "--json", "--threads", "1", "--heldout", "24", "--plot",
+                    plot, *args)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), plot
 
@@ -43,6 +44,7 @@ def test_learn_runs_every_method_on_each_seed(invoke, tmp_path):
     methods = report["methods"]
     assert list(methods) == ["reinf", *baselines.split(",")]
     assert report["seeds"] == [0, 1] and report["plan"]["train_after"] == 8
+    assert report["plan"]["heldout"] == 24  # --heldout reaches the plan
     assert report["rater"]["name"] == "prefers-terse"
     base = report["base_curve"]
     assert base["probe"] == 4 and report["base"]["probe"] == 6 and base["kl"] == 0

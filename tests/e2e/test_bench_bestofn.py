@@ -18,7 +18,8 @@ def test_best_of_n_reranks_base_replies_with_reinfs_rating_model(invoke, tmp_pat
     # Trust any rating model a round fits (training.min_consistency), so that 16 ratings
     # are enough for best-of-n to rerank.
     monkeypatch.setenv("REINF_TRAINING_MIN_CONSISTENCY", "-1")
-    result = invoke("bench", "learn", "--json", "--threads", "1", "--plot", tmp_path / "p.png",
+    result = invoke("bench", "learn", "--json", "--threads", "1", "--heldout", "24", "--plot",
+                    tmp_path / "p.png",
                     "--ratings", "16", "--train-after", "8", "--seeds", "1", "--probe", "4",
                     "--final-probe", "4", "--baselines", "bestofn", "--best-of", "3")
     assert result.exit_code == 0, result.output

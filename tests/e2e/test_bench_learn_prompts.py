@@ -21,7 +21,8 @@ def test_learn_trains_on_the_file_and_probes_on_held_out_prompts(invoke, tmp_pat
     texts = [p.text for p in load_builtin()[::6]]
     path = tmp_path / "mine.txt"
     path.write_text("\n".join(texts) + "\n")
-    result = invoke("bench", "learn", "--json", "--threads", "1", "--plot", tmp_path / "p.png",
+    result = invoke("bench", "learn", "--json", "--threads", "1", "--heldout", "24", "--plot",
+                    tmp_path / "p.png",
                     "--prompts", path, "--rater", "answer-first", "--ratings", "4",
                     "--train-after", "4", "--window", "4", "--probe", "2", "--final-probe",
                     "3", "--seeds", "1", "--baselines", "none", "--keep")

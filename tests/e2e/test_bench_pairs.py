@@ -19,7 +19,7 @@ def test_learn_with_a_pair_every_fourth_interaction(invoke, tmp_path):
     from reinf.config import load_config
     from reinf.storage.store import Store
 
-    result = invoke("bench", "learn", "--json", "--threads", "1", "--plot",
+    result = invoke("bench", "learn", "--json", "--threads", "1", "--heldout", "24", "--plot",
                     tmp_path / "learn.png", "--ratings", "16", "--train-after", "8",
                     "--window", "8", "--seeds", "1", "--probe", "4", "--final-probe", "4",
                     "--target", "3.0", "--baselines", "none", "--pairs-every", "4", "--keep")
