@@ -10,9 +10,13 @@ import click
 
 from reinf.bench.aggregate import lr_text
 from reinf.bench.learn import BASELINES, LearnPlan
+from reinf.bench.raters import NAMES, is_unseen
+from reinf.bench.text_raters import TEXT_RATERS
 from reinf.cli.common import emit, json_option
 
 PLAN = {f.name: f.default for f in dataclasses.fields(LearnPlan)}  # field -> its default
+REAL_RATERS = (*TEXT_RATERS, "noisy-graded")
+DEMO_RATERS = tuple(n for n in NAMES if n not in REAL_RATERS)
 
 
 @click.group()
@@ -32,13 +36,10 @@ def _threads(threads: int | None, config) -> int:
 
 @bench.command()
 @click.option("--rater", default=PLAN["rater"], show_default=True,
-              help="Built-in rater or FILE.py:function. For the demo model's styles: "
-                   "prefers-terse, prefers-chatty, prefers-bullets, prefers-plain, "
-                   "dislikes-questions, noisy. Over real text: length-graded, bullets, "
-                   "no-question-back, no-exclamation, answer-first, formal, casual, "
-                   "gives-example, arithmetic, context-length, noisy-graded (the report "
-                   "says which were used to compare settings and so are not unseen: "
-                   "length-graded, formal, noisy-graded).")
+              help=f"Built-in rater or FILE.py:function. For the demo model's styles: "
+                   f"{', '.join(DEMO_RATERS)}. Over real text: {', '.join(REAL_RATERS)}. "
+                   f"Used to choose defaults or compare settings, so not unseen: "
+                   f"{', '.join(n for n in NAMES if not is_unseen(n))}.")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               default=PLAN["prompts"],
               help="Training prompts, .txt (one a line) or .jsonl ({\"prompt\": ...}) "

@@ -229,9 +229,9 @@ def describe_vs_base(checkpoint_id: str, by_model: dict | None, picks: dict | No
         if picks["checkpoints"] != [checkpoint_id]:
             text += " of it and its ancestors"
         parts.append(text)
-    return f"{short_name(checkpoint_id)} vs base: " + (", ".join(parts) if parts else "not measured yet (a round "
-                                  "with a rating model measures it; the compare page counts "
-                                  "your picks)")
+    return f"{short_name(checkpoint_id)} vs base: " + (
+        ", ".join(parts) if parts else "not measured yet (a round with a rating model "
+                                       "measures it; the compare page counts your picks)")
 
 
 def _reward_hook_status(config: Config) -> dict:
