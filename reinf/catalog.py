@@ -80,6 +80,8 @@ class KnownModel:
     # Defaults this model brings, by public setting name, chosen by measurement on it
     # (docs/benchmarks.md); config.yaml, REINF_ variables and flags still win.
     settings: dict = field(default_factory=dict)
+    # Over ``settings`` where training runs on a CUDA GPU, which affords a bigger round.
+    gpu_settings: dict = field(default_factory=dict)
 
 
 DEMO = KnownModel(
@@ -99,19 +101,40 @@ SMOLLM2_135M = KnownModel(
     # run long (128 tokens cut most of them), and a round at the demo model's defaults took
     # over 10 minutes there, mostly PPO passes over 64 rollouts of up to 128 tokens.
     settings={"max_new_tokens": 192, "training.rollout_prompts": 8,
-              "training.rollout_max_new_tokens": 96, "ppo_epochs": 2})
+              "training.rollout_max_new_tokens": 96, "ppo_epochs": 2},
+    # Chosen on an H200 (docs/benchmarks.md, "On a GPU"): a round there is host-bound, so
+    # 128 rollouts in two batches of 64 cost little more than 32, and of the settings tried
+    # (on the tuning raters length-graded and formal) this round moved the probe most; lr
+    # 1e-2 overshot.
+    gpu_settings={"training.rollout_prompts": 16, "training.rollouts_per_prompt": 8,
+                  "training.rollout_batch_size": 64, "learning_rate": 3e-3})
 KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, DEMO)}
 # What `reinf init` sets up in a new data directory (README's start command): the real
 # assistant. Measured on 2 CPU cores in docs/benchmarks.md ("Real model").
 INIT_MODEL = SMOLLM2_135M.name
 
 
-def model_preset(model_path: str) -> dict:
-    """Defaults a named model brings (``KnownModel.settings``), by public setting name: they
-    replace the built-in defaults, and config.yaml, the environment and flags replace them
-    (``reinf.config.load_config``)."""
+def model_preset(model_path: str, *, gpu: Callable[[], bool] = lambda: False) -> dict:
+    """Defaults a named model brings (``KnownModel.settings``, and its ``gpu_settings`` over
+    them where ``gpu()`` says training runs on a CUDA device; asked only if the model has
+    any), by public setting name: they replace the built-in defaults, and config.yaml, the
+    environment and flags replace them (``reinf.config.load_config``)."""
     known = KNOWN_MODELS.get(model_path)
-    return dict(known.settings) if known is not None else {}
+    if known is None:
+        return {}
+    on_gpu = bool(known.gpu_settings) and gpu()
+    return {**known.settings, **(known.gpu_settings if on_gpu else {})}
+
+
+def trains_on_gpu(model_device: str, train_device: str) -> bool:
+    """Whether training runs on a CUDA device, from the ``device`` and ``train_device``
+    settings ("auto": the serving device; the serving device "auto": CUDA when torch sees
+    one). Imports torch only when it has to ask."""
+    device = model_device if train_device == "auto" else train_device
+    if device != "auto":
+        return device == "cuda"
+    import torch
+    return torch.cuda.is_available()
 
 
 def models_dir(data_dir: Path) -> Path:
@@ -143,6 +166,7 @@ def list_models(data_dir: Path, demo_dir: Path) -> list[dict]:
                     "size_bytes": _dir_size(path) if here else None,
                     "download_bytes": model.source.download_bytes if model.source else None,
                     "settings": dict(model.settings),
+                    "gpu_settings": dict(model.gpu_settings),
                     "source": asdict(model.source) if model.source else "built-in"})
     return out
 

@@ -31,7 +31,7 @@ from reinf.errors import ConfigError
 # resolve_model_path is not used here: reinf/bench/learn.py still imports it from this
 # module (new code imports it from reinf.catalog).
 from reinf.catalog import DEMO_MODEL, resolve_model_path  # noqa: F401
-from reinf.catalog import model_preset
+from reinf.catalog import model_preset, trains_on_gpu
 
 ENV_PREFIX = "REINF_"
 # The only settings also read from an unprefixed variable (TRAIN_AFTER_RATINGS=3), as the
@@ -385,8 +385,9 @@ def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | 
     if flags:
         cfg = _build(cfg.to_dict(), flags, kind="flag", file=cfg.source, origins=cfg.origins,
                      env_names=cfg.env_names)
-    preset = {name: value for name, value in model_preset(cfg.model.model_path).items()
-              if cfg.origin_kind(name) == "default"}
+    preset = model_preset(cfg.model.model_path,
+                          gpu=lambda: trains_on_gpu(cfg.model.device, cfg.ppo.train_device))
+    preset = {name: value for name, value in preset.items() if cfg.origin_kind(name) == "default"}
     if preset:  # the named model's own defaults, under anything the person set
         cfg = _build(cfg.to_dict(), preset, kind="model", file=cfg.source, origins=cfg.origins,
                      env_names=cfg.env_names)

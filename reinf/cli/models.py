@@ -35,6 +35,9 @@ def _print_models(rows):
         if r["settings"]:
             pairs = ", ".join(f"{k}={v}" for k, v in r["settings"].items())
             click.echo(f"  {r['name']} brings its own defaults: {pairs}")
+        if r.get("gpu_settings"):
+            pairs = ", ".join(f"{k}={v}" for k, v in r["gpu_settings"].items())
+            click.echo(f"  {r['name']} when it trains on a CUDA GPU: {pairs}")
     click.echo("* = model_path in use; `reinf pull NAME` fetches one (size in brackets: "
                "the download); config.yaml, REINF_ variables and flags override a model's "
                "defaults")

@@ -367,6 +367,29 @@ def test_a_named_model_brings_its_defaults_under_everything_a_person_sets(tmp_pa
     assert "[model]" in render_yaml(mine, origins=True)
 
 
+def test_a_named_model_brings_a_bigger_round_where_it_trains_on_a_gpu(tmp_path):
+    from reinf.catalog import KNOWN_MODELS
+
+    known = KNOWN_MODELS["smollm2-135m"]
+    gpu = known.gpu_settings
+    assert gpu["training.rollout_prompts"] != known.settings["training.rollout_prompts"]
+    env = {"REINF_HOME": str(tmp_path), "REINF_MODEL_PATH": "smollm2-135m"}
+    on_gpu = load_config(environ={**env, "REINF_DEVICE": "cuda"})
+    assert on_gpu.training.rollout_prompts == gpu["training.rollout_prompts"]
+    assert on_gpu.ppo.learning_rate == gpu["learning_rate"]
+    assert on_gpu.origin_kind("learning_rate") == "model"
+    assert on_gpu.ppo.ppo_epochs == known.settings["ppo_epochs"]  # the rest still applies
+    # training, not serving, decides: serving on the GPU, training on the CPU
+    split = load_config(environ={**env, "REINF_DEVICE": "cuda", "REINF_TRAIN_DEVICE": "cpu"})
+    assert split.training.rollout_prompts == known.settings["training.rollout_prompts"]
+    cpu = load_config(environ={**env, "REINF_DEVICE": "cpu"})
+    assert cpu.ppo.learning_rate != gpu["learning_rate"]
+    # what a person sets still wins
+    mine = load_config(environ={**env, "REINF_DEVICE": "cuda", "REINF_LEARNING_RATE": "5e-4"})
+    assert mine.ppo.learning_rate == 5e-4
+    assert KNOWN_MODELS["reinf-demo"].gpu_settings == {}
+
+
 @pytest.mark.parametrize("value, words", [(0, "≥ 1"), (9, "≤ 8")])
 def test_best_of_is_one_to_eight(home, value, words):
     env = {"REINF_HOME": str(home)}
