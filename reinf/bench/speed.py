@@ -125,12 +125,22 @@ def measure_model(config, name: str, *, turns: int, quick: bool,
                                  rollout_batch=cfg.training.rollout_batch_size,
                                  rollouts_per_prompt=cfg.training.rollouts_per_prompt)
         rss_serving = peak_rss()
+        # Each stage's figures as soon as they exist, so a run cut short still reports them.
+        say(f"engine {gen['engine']['tokens_per_s']:.1f} tokens/s (first token "
+            f"{gen['engine']['ttft_ms']:.0f} ms), model.generate "
+            f"{gen['generate']['tokens_per_s']:.1f} tokens/s"
+            + (f"; batched sampling {gen['rollouts']['tokens_per_s']:.1f} tokens/s"
+               if (gen.get("rollouts") or {}).get("tokens_per_s") is not None else ""))
         say(f"chat during a training round on {turns} rated turns…")
         chat = measure_chat_during_round(cfg, loaded, Path(tmp) / "home", turns,
                                          new_tokens=8 if quick else 16,
                                          idle=4 if quick else 8)
-        say(f"PPO round on {turns} turns against bare LoRA forward+backward…")
+        ratio = chat.get("ratio_tokens_per_s")
+        say(f"chat tokens/s while training / idle: {'-' if ratio is None else f'{ratio:.2f}'}; "
+            f"PPO round on {turns} turns against bare LoRA forward+backward…")
         round_ = measure_round(cfg.replace(data_dir=str(Path(tmp) / "home")), n_samples=turns)
+        say(f"PPO round {round_['seconds_round']:.2f} s, bare forward+backward "
+            f"{round_['seconds_bare_fwd_bwd']:.2f} s")
         ratings = cfg.schedule.train_after_ratings or DEFAULT_RATINGS
         say(f"the daemon path: {ratings} ratings, a round at the default settings, an answer "
             "from the new checkpoint…")

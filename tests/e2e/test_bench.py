@@ -149,7 +149,7 @@ def test_learn_refuses_a_bad_rater_or_baseline_before_loading_anything(invoke):
     assert result.exit_code == 1 and "unknown baseline 'reinf'" in result.output
 
 
-def test_speed_quick_reports_every_figure(invoke):
+def test_speed_quick_reports_every_figure(invoke, capfd):
     result = invoke("bench", "speed", "--quick", "--json", "--threads", "1")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -160,6 +160,9 @@ def test_speed_quick_reports_every_figure(invoke):
         assert gen[side]["ttft_ms"] > 0 and gen[side]["tokens_per_s"] > 0
     assert gen["ratio"]["tokens_per_s"] == pytest.approx(
         gen["engine"]["tokens_per_s"] / gen["generate"]["tokens_per_s"], rel=0.01)
+    # each stage's figures are printed as soon as measured (a run cut short still has them)
+    progress = capfd.readouterr().err + (result.stderr or "")
+    assert f"[speed] demo: engine {gen['engine']['tokens_per_s']:.1f} tokens/s" in progress
     swap = demo["swap"]
     assert swap["swaps"] > 0 and swap["pause_ms_max"] >= swap["pause_ms_new_adapter"] > 0
     rnd = demo["ppo_round"]
