@@ -52,13 +52,17 @@ SLIP = 0.1    # the noisy-graded rater is off by one 10% of the time
 # RLOO over GAE (prefers-terse and no_bang_q), docs/benchmarks.md. length_graded and
 # no_bang_q are the two in docs/benchmarks/tuning_raters.py, named as --rater names them.
 # length-graded and formal: the real model's settings sweep on a GPU (learning rate, epochs,
-# KL penalty, rollouts, LoRA targets; docs/benchmarks.md, "On a GPU") read their probe, so
-# they no longer count as unseen, though no default was changed by it yet.
+# KL penalty, rollouts, LoRA targets; docs/benchmarks.md, "On a GPU") read their probe and
+# chose smollm2-135m's GPU round (catalog.KnownModel.gpu_settings). The last four file raters
+# were written to choose the rating model's features (reinf bench rating-model).
 TUNED_ON = ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
             "dislikes-questions", "tuning_raters.py:length_graded", "tuning_raters.py:no_bang_q",
-            "length-graded", "formal")
+            "length-graded", "formal", "tuning_raters.py:second_person",
+            "tuning_raters.py:short_sentences", "tuning_raters.py:with_numbers",
+            "tuning_raters.py:plain_words")
 # rate with a tuned rater's rule, so they are not unseen either
-DERIVED = {"noisy": "prefers-terse", "noisy-graded": "length-graded"}
+# (casual is 6 minus formal's rating: to the rating model, the same task mirrored)
+DERIVED = {"noisy": "prefers-terse", "noisy-graded": "length-graded", "casual": "formal"}
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""``reinf bench learn`` and ``reinf bench speed``: benchmarks, not tests (docs/benchmarks.md).
+"""``reinf bench learn``, ``reinf bench rating-model`` and ``reinf bench speed``: benchmarks,
+not tests (docs/benchmarks.md).
 
 ``reinf bench learn``'s defaults are ``LearnPlan``'s (reinf.bench.learn), read here, never
 restated.
@@ -11,6 +12,7 @@ import click
 from reinf.bench.aggregate import lr_text
 from reinf.bench.learn import BASELINES, LearnPlan
 from reinf.bench.raters import NAMES, is_unseen
+from reinf.bench.rating_study import PLAN as STUDY
 from reinf.bench.text_raters import TEXT_RATERS
 from reinf.cli.common import emit, json_option
 
@@ -197,6 +199,74 @@ def speed(ctx, models, model_paths, turns, turns_large, quick, threads, as_json)
     report = run_speed(app.config, names, turns=16 if quick else turns,
                        turns_large=turns_large, quick=quick, threads=threads)
     emit(report, as_json, lambda r: click.echo(format_speed(r)))
+
+
+@bench.command("rating-model")
+@click.option("--rater", "raters", default="real", show_default=True,
+              help="Comma list of raters (`reinf bench learn --help` lists them; a "
+                   "FILE.py:function too), or `real` (every rater over real text) or `unseen` "
+                   "(those that chose no default).")
+@click.option("--model", "model_path", default=None,
+              help="The model whose replies and features are used [default: model_path].")
+@click.option("--prompts", type=click.IntRange(2), default=STUDY["prompts"], show_default=True,
+              help="Training-side prompts to sample replies for.")
+@click.option("--replies", type=click.IntRange(2), default=STUDY["replies"], show_default=True,
+              help="Replies sampled for each prompt.")
+@click.option("--ratings", default=",".join(map(str, STUDY["ratings"])), show_default=True,
+              help="Comma list of how many ratings the rating model is fitted on.")
+@click.option("--draws", type=click.IntRange(1), default=STUDY["draws"], show_default=True,
+              help="Random draws of the rated prompts for each number of ratings.")
+@click.option("--seed", type=click.IntRange(0), default=STUDY["seed"], show_default=True,
+              help="Seed of the prompts, the sampling and the draws.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="torch CPU threads [default: schedule.train_threads, else torch's own].")
+@json_option
+@click.pass_obj
+def rating_model(app, raters, model_path, prompts, replies, ratings, draws, seed, threads,
+                 as_json):
+    """How well the rating model orders replies it never saw, by how many ratings it has had.
+
+    Samples --replies replies to each of --prompts training-side prompts from the model
+    (no adapter) once, then for each rater and each number of --ratings fits the trainer's
+    rating model on one reply of that many prompts and judges it on the other prompts: the
+    share of pairs of replies to one prompt it orders as the rater does (what a rollout
+    round's RLOO uses), its Spearman beside the ceiling, and its own cross-validated
+    Spearman. Trains nothing; minutes, not hours. Progress goes to stderr.
+    """
+    from reinf.bench.rating_study import format_study, run_rating_study
+    from reinf.errors import BadInput
+
+    names = [r.strip() for r in raters.split(",") if r.strip()]
+    expanded = []
+    for name in names:
+        if name == "real":
+            expanded += REAL_RATERS
+        elif name == "unseen":
+            expanded += [r for r in REAL_RATERS if is_unseen(r)]
+        elif name in NAMES or ":" in name:
+            expanded.append(name)
+        else:
+            raise BadInput(f"unknown rater {name!r}",
+                           fix=f"--rater takes real, unseen, FILE.py:function or a comma list "
+                               f"of {', '.join(NAMES)}")
+    try:
+        counts = sorted({int(n) for n in ratings.split(",") if n.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 2:
+        raise BadInput(f"--ratings takes a comma list of counts of at least 2, got {ratings!r}",
+                       fix="pass --ratings 16,32,48")
+    if counts[-1] >= prompts:
+        raise BadInput(f"--prompts ({prompts}) must exceed the largest --ratings ({counts[-1]}): "
+                       "the rating model is judged on the prompts it was not fitted on",
+                       fix=f"pass --prompts {counts[-1] * 2} or smaller --ratings")
+    app.override(model_path=model_path)
+    config = app.config
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _threads(threads, config)
+    report = run_rating_study(config, list(dict.fromkeys(expanded)), prompts=prompts,
+                              replies=replies, ratings=counts, draws=draws, seed=seed)
+    emit(report, as_json, lambda r: click.echo(format_study(r)))
 
 
 COMMANDS = [bench]

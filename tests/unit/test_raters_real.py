@@ -34,15 +34,18 @@ def test_there_are_ten_new_raters_and_every_name_is_in_the_help():
 
 
 def test_new_raters_are_unseen_and_the_tuning_raters_are_not():
-    looked_at = ("length-graded", "formal", "noisy-graded")  # the real model's settings sweep
+    # the real model's settings sweep, and the raters that rate by those two's rules
+    looked_at = ("length-graded", "formal", "noisy-graded", "casual")
     assert all(load_rater(n).unseen for n in NEW if n not in looked_at)
     for name in ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
                  "dislikes-questions", "noisy") + looked_at:
         assert not load_rater(name).unseen, name
     tuned = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
-    for function in ("length_graded", "no_bang_q"):
+    for function in ("length_graded", "no_bang_q", "second_person", "short_sentences",
+                     "with_numbers", "plain_words"):
         rater = load_rater(f"{tuned}:{function}")
         assert rater.name in TUNED_ON and not rater.unseen
+        assert 1 <= rater("How?", "You can do it: 2 steps, 3 minutes. Short words.") <= 5
 
 
 @pytest.mark.parametrize("name", NEW)

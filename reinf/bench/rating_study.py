@@ -1,0 +1,182 @@
+"""``reinf bench rating-model``: how well the rating model orders replies it never saw, by how
+many ratings it has had, on any model and any rater, without training anything.
+
+A rollout round leans on the rating model (``reinf.training.rating_model``): it scores the
+fresh replies, and RLOO compares the replies *to one prompt* with each other. So what
+decides whether a round moves the policy the person's way is whether the model puts the
+replies to one prompt in the person's order, more than its Spearman over all replies. This
+measures both, in minutes instead of the hours a learning run takes.
+
+1. One set of replies from the model as it is (no adapter): ``prompts`` prompts from the
+   training side of the prompt set (never the probe), ``replies`` replies each, from the
+   trainer's batched sampler at the rollouts' settings (temperature, top-p,
+   ``training.rollout_max_new_tokens``). The rating model's features of each, once
+   (``reply_features``, the trainer's own).
+2. For each rater and each n in ``ratings``, ``draws`` times: n of the prompts drawn, one
+   reply of each rated (a person rates the one reply they were served), the rating model
+   fitted on those n (``fit_rating_model``, the trainer's own, with its cross-validated
+   Spearman), then judged on the replies to every other prompt:
+
+   - **Spearman** between its predictions and the rater's scores, beside the **ceiling** a
+     predictor without ties can reach on those scores (``spearman_ceiling``);
+   - **within-prompt accuracy**: of the pairs of replies to one prompt that the rater
+     scores differently, the share the model orders the same way (0.5: a coin); and how
+     many such pairs there were (a rater that scores all replies to a prompt alike gives a
+     round nothing to learn from, whatever the model);
+   - its own **cross-validated Spearman**, the figure a round reports and gates on
+     (``training.min_consistency``).
+
+Figures are means over the draws. The replies are the base model's, as in a first round;
+after some rounds the policy's replies differ, so this is the rating model's starting
+point, not its whole story.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+#: What ``reinf bench rating-model`` does when not told otherwise.
+PLAN = {"prompts": 64, "replies": 4, "ratings": (16, 32, 48), "draws": 5, "seed": 0}
+
+
+def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prompts"],
+                     replies: int = PLAN["replies"], ratings: Sequence[int] = PLAN["ratings"],
+                     draws: int = PLAN["draws"], seed: int = PLAN["seed"],
+                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The report (module docstring): ``{"model", "replies", "raters": {name: {n: figures}}}``."""
+    import torch
+
+    from reinf.bench.generation import machine
+    from reinf.bench.prompts import load_builtin, split_prompts, stream_prompts
+    from reinf.bench.raters import is_unseen, load_rater
+    from reinf.model.modeling import build_prompt_ids, load_model
+    from reinf.training.rating_model import reply_features
+    from reinf.training.rollouts import sample_rollouts
+
+    say = progress or (lambda text: print(f"[rating-model] {text}", file=sys.stderr,
+                                          flush=True))
+    biggest = max(ratings)
+    if biggest >= prompts:
+        raise ValueError(f"--prompts ({prompts}) must exceed the largest --ratings "
+                         f"({biggest}): the model is judged on the prompts it was not fitted on")
+    loaded_raters = {name: load_rater(name, seed=seed) for name in raters}  # fail before loading
+    torch.manual_seed(seed)
+    loaded = load_model(config)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    gen_cfg, train_cfg = config.generation, config.training
+    max_new = train_cfg.rollout_max_new_tokens or gen_cfg.max_new_tokens
+    train_side, _probe = split_prompts(load_builtin())
+    texts = stream_prompts(train_side, seed, prompts)
+    ids = [build_prompt_ids(tokenizer, [], t, max_history=0, max_context_tokens=0,
+                            max_new_tokens=max_new) for t in texts]
+    started = time.perf_counter()
+    say(f"sampling {prompts} prompts × {replies} replies from {loaded.name} "
+        f"(up to {max_new} new tokens each)…")
+    sampled = sample_rollouts(model, tokenizer, ids, replies, temperature=gen_cfg.temperature,
+                              top_p=gen_cfg.top_p, max_new_tokens=max_new, seed=seed,
+                              batch_size=train_cfg.rollout_batch_size,
+                              progress=lambda done, total: say(f"sampled {done}/{total}"))
+    kept = [r for r in sampled if r.reply_ids]
+    sample_seconds = time.perf_counter() - started
+    say(f"features of {len(kept)} replies…")
+    features = reply_features(model, [(r.prompt_ids, r.reply_ids) for r in kept])
+    groups: dict[int, list[int]] = {}
+    for row, r in enumerate(kept):
+        groups.setdefault(r.group, []).append(row)
+    report: dict[str, Any] = {
+        "model": loaded.name, "parameters": sum(p.numel() for p in model.parameters()),
+        "machine": machine(), "prompts": prompts, "replies_per_prompt": replies,
+        "replies": len(kept), "max_new_tokens": max_new, "draws": draws, "seed": seed,
+        "ratings": list(ratings), "sample_seconds": round(sample_seconds, 1),
+        "features": int(features.shape[1]), "raters": {}}
+    for name, rater in loaded_raters.items():
+        scores = [float(rater(texts[r.group], r.text)) for r in kept]
+        by_n = {}
+        for n in ratings:
+            figures = [judge(features, scores, groups, n, seed=seed * 1000 + d)
+                       for d in range(draws)]
+            by_n[str(n)] = summarise(figures)
+        report["raters"][name] = {"unseen": is_unseen(name),
+                                  "mean_score": round(statistics.fmean(scores), 3),
+                                  "by_ratings": by_n}
+        last = by_n[str(biggest)]
+        say(f"{name}: after {biggest} ratings, within-prompt accuracy "
+            f"{fmt(last['within_prompt_accuracy'])}, Spearman {fmt(last['spearman'])} "
+            f"(ceiling {fmt(last['ceiling'])}), cross-validated {fmt(last['cross_validated'])}")
+    return report
+
+
+def judge(features, scores: Sequence[float], groups: dict[int, list[int]], n: int, *,
+          seed: int) -> dict[str, float | None]:
+    """One draw: fit on one reply of each of ``n`` drawn prompts, judge on the other prompts."""
+    import torch
+
+    from reinf.training.rating_model import fit_rating_model, spearman, spearman_ceiling
+
+    rng = random.Random(seed)
+    prompts = sorted(groups)
+    rng.shuffle(prompts)
+    fitted, held = prompts[:n], prompts[n:]
+    rows = [rng.choice(groups[g]) for g in fitted]
+    y = [scores[i] for i in rows]
+    if len(set(y)) < 2:  # every rating the same: nothing to fit; the model knows nothing
+        return {"spearman": None, "ceiling": None, "within_prompt_accuracy": None,
+                "pairs": 0, "cross_validated": None, "all_alike": 1.0}
+    model = fit_rating_model(features[rows], y, seed=seed)
+    test = [i for g in held for i in groups[g]]
+    predicted, _ = model.predict(features[test])
+    by_row = dict(zip(test, predicted.tolist()))
+    truth = [scores[i] for i in test]
+    agree = total = 0
+    for g in held:
+        members = groups[g]
+        for a in range(len(members)):
+            for b in range(a + 1, len(members)):
+                i, j = members[a], members[b]
+                if scores[i] == scores[j]:
+                    continue
+                total += 1
+                agree += (by_row[i] - by_row[j]) * (scores[i] - scores[j]) > 0
+    return {"spearman": spearman(predicted.tolist(), truth), "ceiling": spearman_ceiling(truth),
+            "within_prompt_accuracy": agree / total if total else None, "pairs": total,
+            "cross_validated": model.consistency, "all_alike": 0.0}
+
+
+def summarise(figures: Sequence[dict]) -> dict[str, float | None]:
+    """Means over the draws, each over the draws where the figure exists."""
+    out: dict[str, float | None] = {}
+    for key in figures[0]:
+        values = [f[key] for f in figures if f[key] is not None]
+        out[key] = round(statistics.fmean(values), 3) if values else None
+    return out
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def format_study(report: dict) -> str:
+    """The text report: one line per rater and number of ratings."""
+    lines = [f"reinf bench rating-model: {report['model']} ({report['parameters']:,} parameters),"
+             f" {report['replies']} replies to {report['prompts']} training-side prompts "
+             f"({report['replies_per_prompt']} each, up to {report['max_new_tokens']} tokens; "
+             f"sampled in {report['sample_seconds']:.0f} s), {report['features']} features, "
+             f"means over {report['draws']} draws",
+             f"  machine: {report['machine']}", "",
+             f"  {'rater':<18} {'ratings':>7} {'within-prompt':>13} {'pairs':>6} "
+             f"{'Spearman':>8} {'ceiling':>7} {'cross-val':>9} {'all alike':>9}"]
+    for name, r in report["raters"].items():
+        label = name + ("" if r["unseen"] else " *")
+        for n, f in r["by_ratings"].items():
+            lines.append(f"  {label:<18} {n:>7} {fmt(f['within_prompt_accuracy']):>13} "
+                         f"{f['pairs'] or 0:>6.0f} {fmt(f['spearman']):>8} {fmt(f['ceiling']):>7} "
+                         f"{fmt(f['cross_validated']):>9} {f['all_alike']:>9.0%}")
+            label = ""
+    lines += ["", "  within-prompt: of the held-out pairs of replies to one prompt that the rater "
+                  "scores differently, the share the rating model orders the same way (0.50 = a "
+                  "coin); pairs: how many such pairs a draw has; all alike: draws whose ratings "
+                  "were all the same (nothing to fit); * = a rater used to choose defaults"]
+    return "\n".join(lines)

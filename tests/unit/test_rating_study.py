@@ -1,0 +1,45 @@
+"""The rating-model study's judge (``reinf bench rating-model``) on made-up features: it
+fits the trainer's own rating model and scores it on prompts it never saw."""
+from __future__ import annotations
+
+import torch
+
+from reinf.bench.rating_study import judge, summarise
+
+
+def _replies(prompts: int, per_prompt: int, seed: int = 0):
+    """Features of ``prompts`` x ``per_prompt`` replies: 16 noise dimensions and, first, a
+    'quality' dimension; scores 1..5 that follow quality."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(prompts * per_prompt, 17, generator=gen)
+    quality = x[:, 0]
+    scores = [float(min(5, max(1, round(3 + 1.5 * q)))) for q in quality.tolist()]
+    groups = {g: list(range(g * per_prompt, (g + 1) * per_prompt)) for g in range(prompts)}
+    return x, scores, groups
+
+
+def test_features_that_carry_the_score_order_the_replies_to_one_prompt():
+    x, scores, groups = _replies(40, 4)
+    f = judge(x, scores, groups, 24, seed=1)
+    assert f["pairs"] > 20                      # 16 held-out prompts, 6 pairs each, minus ties
+    assert f["within_prompt_accuracy"] > 0.75  # 24 ratings for 17 dimensions: not perfect
+    assert f["spearman"] > 0.6 and f["ceiling"] >= f["spearman"]
+    assert f["cross_validated"] > 0.5 and f["all_alike"] == 0.0
+
+
+def test_features_that_do_not_carry_it_are_a_coin():
+    x, scores, groups = _replies(40, 4)
+    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
+    accuracy = [judge(noise, scores, groups, 24, seed=s)["within_prompt_accuracy"]
+                for s in range(8)]
+    assert 0.3 < sum(accuracy) / len(accuracy) < 0.7
+
+
+def test_ratings_all_alike_fit_nothing_and_say_so():
+    x, scores, groups = _replies(20, 3)
+    alike = judge(x, [3.0] * len(x), groups, 8, seed=0)
+    assert alike["all_alike"] == 1.0 and alike["within_prompt_accuracy"] is None
+    fitted = judge(x, scores, groups, 8, seed=0)
+    both = summarise([alike, fitted])  # a mean over the draws where the figure exists
+    assert both["all_alike"] == 0.5
+    assert both["within_prompt_accuracy"] == round(fitted["within_prompt_accuracy"], 3)
