@@ -26,6 +26,11 @@ measures both, in minutes instead of the hours a learning run takes.
    - its own **cross-validated Spearman**, the figure a round reports and gates on
      (``training.min_consistency``).
 
+With ``pairs_every`` k, each draw is also judged with every k-th interaction a pick
+between two replies to its prompt instead of a rating (what regenerate gives: one
+interaction either way), on the same drawn prompts: do picks teach the rating model more
+per interaction than ratings?
+
 Figures are means over the draws. The replies are the base model's, as in a first round;
 after some rounds the policy's replies differ, so this is the rating model's starting
 point, not its whole story.
@@ -45,8 +50,11 @@ PLAN = {"prompts": 64, "replies": 4, "ratings": (16, 32, 48), "draws": 5, "seed"
 def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prompts"],
                      replies: int = PLAN["replies"], ratings: Sequence[int] = PLAN["ratings"],
                      draws: int = PLAN["draws"], seed: int = PLAN["seed"],
+                     pairs_every: int = 0,
                      progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The report (module docstring): ``{"model", "replies", "raters": {name: {n: figures}}}``."""
+    """The report (module docstring): ``{"model", "replies", "raters": {name: {n: figures}}}``.
+    With ``pairs_every`` k, each figure also has a ``with_pairs`` twin: the same draws with
+    every k-th interaction a pick between two replies instead of a rating."""
     import torch
 
     from reinf.bench.generation import machine
@@ -90,7 +98,8 @@ def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prom
         "model": loaded.name, "parameters": sum(p.numel() for p in model.parameters()),
         "machine": machine(), "prompts": prompts, "replies_per_prompt": replies,
         "replies": len(kept), "max_new_tokens": max_new, "draws": draws, "seed": seed,
-        "ratings": list(ratings), "sample_seconds": round(sample_seconds, 1),
+        "ratings": list(ratings), "pairs_every": pairs_every,
+        "sample_seconds": round(sample_seconds, 1),
         "features": int(features.shape[1]), "raters": {}}
     for name, rater in loaded_raters.items():
         scores = [float(rater(texts[r.group], r.text)) for r in kept]
@@ -99,6 +108,10 @@ def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prom
             figures = [judge(features, scores, groups, n, seed=seed * 1000 + d)
                        for d in range(draws)]
             by_n[str(n)] = summarise(figures)
+            if pairs_every:
+                by_n[str(n)]["with_pairs"] = summarise(
+                    [judge(features, scores, groups, n, seed=seed * 1000 + d,
+                           pairs_every=pairs_every) for d in range(draws)])
         report["raters"][name] = {"unseen": is_unseen(name),
                                   "mean_score": round(statistics.fmean(scores), 3),
                                   "by_ratings": by_n}
@@ -110,22 +123,37 @@ def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prom
 
 
 def judge(features, scores: Sequence[float], groups: dict[int, list[int]], n: int, *,
-          seed: int) -> dict[str, float | None]:
-    """One draw: fit on one reply of each of ``n`` drawn prompts, judge on the other prompts."""
-    import torch
-
-    from reinf.training.rating_model import fit_rating_model, spearman, spearman_ceiling
+          seed: int, pairs_every: int = 0) -> dict[str, float | None]:
+    """One draw: ``n`` interactions, one with each of ``n`` drawn prompts, then the model is
+    judged on the other prompts. An interaction rates one reply of its prompt; with
+    ``pairs_every`` k, every k-th one instead picks between two replies of its prompt (the
+    better by the rater; a tie when it scores them alike), as regenerate does, and the
+    picks join the fit (``fit_rating_model``'s Bradley-Terry term). The same ``seed`` draws
+    the same prompts with or without pairs, so the two can be compared draw by draw."""
+    from reinf.training.rating_model import (PairSet, fit_rating_model, spearman,
+                                             spearman_ceiling)
 
     rng = random.Random(seed)
     prompts = sorted(groups)
     rng.shuffle(prompts)
     fitted, held = prompts[:n], prompts[n:]
-    rows = [rng.choice(groups[g]) for g in fitted]
+    rows, paired, picks = [], [], []
+    for i, g in enumerate(fitted, start=1):
+        reply = rng.choice(groups[g])  # drawn either way, so both arms draw alike
+        if pairs_every and i % pairs_every == 0 and len(groups[g]) >= 2:
+            a, b = rng.sample(groups[g], 2)
+            picks.append((a, b, 1.0 if scores[a] > scores[b] else 0.0 if scores[a] < scores[b]
+                          else 0.5))
+            paired += [a, b]
+        else:
+            rows.append(reply)
     y = [scores[i] for i in rows]
     if len(set(y)) < 2:  # every rating the same: nothing to fit; the model knows nothing
         return {"spearman": None, "ceiling": None, "within_prompt_accuracy": None,
                 "pairs": 0, "cross_validated": None, "all_alike": 1.0}
-    model = fit_rating_model(features[rows], y, seed=seed)
+    where = {row: k for k, row in enumerate(rows + paired)}
+    pair_set = PairSet.of([(where[a], where[b], t) for a, b, t in picks]) if picks else None
+    model = fit_rating_model(features[rows + paired], y, seed=seed, pairs=pair_set)
     test = [i for g in held for i in groups[g]]
     predicted, _ = model.predict(features[test])
     by_row = dict(zip(test, predicted.tolist()))
@@ -167,16 +195,22 @@ def format_study(report: dict) -> str:
              f"means over {report['draws']} draws",
              f"  machine: {report['machine']}", "",
              f"  {'rater':<18} {'ratings':>7} {'within-prompt':>13} {'pairs':>6} "
-             f"{'Spearman':>8} {'ceiling':>7} {'cross-val':>9} {'all alike':>9}"]
+             f"{'Spearman':>8} {'ceiling':>7} {'cross-val':>9} {'all alike':>9}"
+             + (f" {'with picks':>10}" if report.get("pairs_every") else "")]
     for name, r in report["raters"].items():
         label = name + ("" if r["unseen"] else " *")
         for n, f in r["by_ratings"].items():
+            twin = f.get("with_pairs")
             lines.append(f"  {label:<18} {n:>7} {fmt(f['within_prompt_accuracy']):>13} "
                          f"{f['pairs'] or 0:>6.0f} {fmt(f['spearman']):>8} {fmt(f['ceiling']):>7} "
-                         f"{fmt(f['cross_validated']):>9} {f['all_alike']:>9.0%}")
+                         f"{fmt(f['cross_validated']):>9} {f['all_alike']:>9.0%}"
+                         + (f" {fmt(twin['within_prompt_accuracy']):>10}" if twin else ""))
             label = ""
     lines += ["", "  within-prompt: of the held-out pairs of replies to one prompt that the rater "
                   "scores differently, the share the rating model orders the same way (0.50 = a "
                   "coin); pairs: how many such pairs a draw has; all alike: draws whose ratings "
-                  "were all the same (nothing to fit); * = a rater used to choose defaults"]
+                  "were all the same (nothing to fit); * = a rater used to choose defaults"
+              + ("; with picks: within-prompt accuracy of the same draws when every "
+                 f"{report['pairs_every']}th interaction is a pick between two replies instead "
+                 "of a rating" if report.get("pairs_every") else "")]
     return "\n".join(lines)

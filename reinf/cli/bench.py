@@ -218,12 +218,15 @@ def speed(ctx, models, model_paths, turns, turns_large, quick, threads, as_json)
               help="Random draws of the rated prompts for each number of ratings.")
 @click.option("--seed", type=click.IntRange(0), default=STUDY["seed"], show_default=True,
               help="Seed of the prompts, the sampling and the draws.")
+@click.option("--pairs-every", type=click.IntRange(0), default=0, show_default=True,
+              help="Also judge each draw with every Kth interaction a pick between two "
+                   "replies to its prompt instead of a rating (regenerate's pairs); 0 = off.")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch CPU threads [default: schedule.train_threads, else torch's own].")
 @json_option
 @click.pass_obj
-def rating_model(app, raters, model_path, prompts, replies, ratings, draws, seed, threads,
-                 as_json):
+def rating_model(app, raters, model_path, prompts, replies, ratings, draws, seed, pairs_every,
+                 threads, as_json):
     """How well the rating model orders replies it never saw, by how many ratings it has had.
 
     Samples --replies replies to each of --prompts training-side prompts from the model
@@ -265,7 +268,8 @@ def rating_model(app, raters, model_path, prompts, replies, ratings, draws, seed
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _threads(threads, config)
     report = run_rating_study(config, list(dict.fromkeys(expanded)), prompts=prompts,
-                              replies=replies, ratings=counts, draws=draws, seed=seed)
+                              replies=replies, ratings=counts, draws=draws, seed=seed,
+                              pairs_every=pairs_every)
     emit(report, as_json, lambda r: click.echo(format_study(r)))
 
 

@@ -14,7 +14,7 @@ restore_threads = pytest.fixture(autouse=True)(tk.threads_restored)
 def test_the_study_reports_each_rater_by_number_of_ratings(invoke):
     result = invoke("bench", "rating-model", "--model", "reinf-demo", "--rater",
                     "prefers-terse,unseen", "--prompts", "16", "--replies", "3", "--ratings",
-                    "4,8", "--draws", "2", "--threads", "1", "--json")
+                    "4,8", "--draws", "2", "--pairs-every", "2", "--threads", "1", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["prompts"] == 16 and report["replies_per_prompt"] == 3
@@ -28,6 +28,7 @@ def test_the_study_reports_each_rater_by_number_of_ratings(invoke):
         assert set(r["by_ratings"]) == {"4", "8"}, name
         for f in r["by_ratings"].values():
             assert 0 <= f["all_alike"] <= 1
+            assert set(f["with_pairs"]) == set(f) - {"with_pairs"}  # the same figures
             if f["within_prompt_accuracy"] is not None:
                 assert 0 <= f["within_prompt_accuracy"] <= 1 and f["pairs"] > 0
             if f["spearman"] is not None and f["ceiling"] is not None:

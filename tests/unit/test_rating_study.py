@@ -43,3 +43,16 @@ def test_ratings_all_alike_fit_nothing_and_say_so():
     both = summarise([alike, fitted])  # a mean over the draws where the figure exists
     assert both["all_alike"] == 0.5
     assert both["within_prompt_accuracy"] == round(fitted["within_prompt_accuracy"], 3)
+
+
+def test_picks_between_two_replies_to_one_prompt_join_the_fit():
+    """Every 2nd interaction a pick: fewer ratings, and the picks teach the order."""
+    x, scores, groups = _replies(60, 4)
+    alone = judge(x, scores, groups, 16, seed=3)
+    with_picks = judge(x, scores, groups, 16, seed=3, pairs_every=2)
+    assert with_picks["within_prompt_accuracy"] is not None
+    assert with_picks["within_prompt_accuracy"] > 0.6     # 8 ratings and 8 picks still learn
+    # the same prompts are drawn, so both are judged on the same held-out pairs
+    assert with_picks["pairs"] == alone["pairs"]
+    # picks alone carry no scale: with every interaction a pick there are no ratings to fit
+    assert judge(x, scores, groups, 16, seed=3, pairs_every=1)["all_alike"] == 1.0
