@@ -134,14 +134,15 @@ def judge(features, scores: Sequence[float], groups: dict[int, list[int]], n: in
                                              spearman_ceiling)
 
     rng = random.Random(seed)
+    picker = random.Random(f"{seed}-picks")  # its own stream: the rated replies stay alike
     prompts = sorted(groups)
     rng.shuffle(prompts)
     fitted, held = prompts[:n], prompts[n:]
     rows, paired, picks = [], [], []
     for i, g in enumerate(fitted, start=1):
-        reply = rng.choice(groups[g])  # drawn either way, so both arms draw alike
+        reply = rng.choice(groups[g])  # drawn either way, so both arms rate the same replies
         if pairs_every and i % pairs_every == 0 and len(groups[g]) >= 2:
-            a, b = rng.sample(groups[g], 2)
+            a, b = picker.sample(groups[g], 2)
             picks.append((a, b, 1.0 if scores[a] > scores[b] else 0.0 if scores[a] < scores[b]
                           else 0.5))
             paired += [a, b]
