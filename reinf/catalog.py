@@ -22,8 +22,10 @@ The demo model, ``reinf-demo``, is listed too: it is built by the project's own 
 (``reinf.demo``), never pulled.
 
 reinf.config imports this module (a named model's defaults, ``model_preset``), so every
-command does: torch, transformers and gguf are imported only inside the conversion, and
-``reinf status`` and the memory plan resolve the model without loading it.
+command does: torch, transformers and gguf are imported only inside the conversion (and
+torch once to ask whether there is a CUDA GPU, for a named model with ``gpu_settings`` and
+``device: auto``), and ``reinf status`` and the memory plan resolve the model without
+loading it.
 """
 from __future__ import annotations
 
@@ -104,8 +106,8 @@ SMOLLM2_135M = KnownModel(
               "training.rollout_max_new_tokens": 96, "ppo_epochs": 2},
     # Chosen on an H200 (docs/benchmarks.md, "On a GPU"): a round there is host-bound, so
     # 128 rollouts in two batches of 64 cost little more than 32, and of the settings tried
-    # (on the tuning raters length-graded and formal) this round moved the probe most; lr
-    # 1e-2 overshot.
+    # (on the tuning raters length-graded and formal) this round moved the probe most after
+    # one round; lr 1e-2 overshot.
     gpu_settings={"training.rollout_prompts": 16, "training.rollouts_per_prompt": 8,
                   "training.rollout_batch_size": 64, "learning_rate": 3e-3})
 KNOWN_MODELS: dict[str, KnownModel] = {m.name: m for m in (SMOLLM2_135M, DEMO)}
