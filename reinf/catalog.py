@@ -23,8 +23,8 @@ The demo model, ``reinf-demo``, is listed too: it is built by the project's own 
 
 reinf.config imports this module (a named model's defaults, ``model_preset``), so every
 command does: torch, transformers and gguf are imported only inside the conversion (and
-torch once to ask whether there is a CUDA GPU, for a named model with ``gpu_settings`` and
-``device: auto``), and ``reinf status`` and the memory plan resolve the model without
+torch to ask whether there is a CUDA GPU, for a named model with ``gpu_settings`` and
+``device: auto`` on a machine with an NVIDIA device node), and ``reinf status`` and the memory plan resolve the model without
 loading it.
 """
 from __future__ import annotations
@@ -135,6 +135,9 @@ def trains_on_gpu(model_device: str, train_device: str) -> bool:
     device = model_device if train_device == "auto" else train_device
     if device != "auto":
         return device == "cuda"
+    if "torch" not in sys.modules and sys.platform.startswith("linux") \
+            and not any(Path("/dev").glob("nvidia[0-9]*")):
+        return False  # no NVIDIA device node: no CUDA, and a CLI command skips torch's import
     import torch
     return torch.cuda.is_available()
 

@@ -1,6 +1,10 @@
 """Config: precedence, environment overrides, rejection of bad keys, types and values."""
 from __future__ import annotations
 
+import glob
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -348,7 +352,7 @@ def test_a_named_model_brings_its_defaults_under_everything_a_person_sets(tmp_pa
 
     preset = KNOWN_MODELS["smollm2-135m"].settings
     assert preset["ppo_epochs"] != 4  # the test means something: it differs from the default
-    home = {"REINF_HOME": str(tmp_path)}
+    home = {"REINF_HOME": str(tmp_path), "REINF_DEVICE": "cpu"}  # the CPU round (GPU: below)
     demo = load_config(environ=home)
     assert demo.ppo.ppo_epochs == 4 and demo.origin_kind("ppo_epochs") == "default"
     real = load_config(environ={**home, "REINF_MODEL_PATH": "smollm2-135m"})
@@ -388,6 +392,22 @@ def test_a_named_model_brings_a_bigger_round_where_it_trains_on_a_gpu(tmp_path):
     mine = load_config(environ={**env, "REINF_DEVICE": "cuda", "REINF_LEARNING_RATE": "5e-4"})
     assert mine.ppo.learning_rate == 5e-4
     assert KNOWN_MODELS["reinf-demo"].gpu_settings == {}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or bool(glob.glob("/dev/nvidia[0-9]*")),
+                    reason="asks torch where an NVIDIA device node exists")
+def test_asking_for_a_gpu_does_not_import_torch_on_a_machine_without_one(tmp_path):
+    """Every command loads the config; on a machine with no NVIDIA device it must not pay
+    for importing torch to learn that smollm2-135m's GPU round does not apply."""
+    code = ("import sys; from reinf.config import load_config; "
+            f"c = load_config(environ={{'REINF_HOME': {str(tmp_path)!r}, "
+            "'REINF_MODEL_PATH': 'smollm2-135m'}); "
+            "print(c.training.rollout_prompts, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    from reinf.catalog import KNOWN_MODELS
+    assert out == [str(KNOWN_MODELS["smollm2-135m"].settings["training.rollout_prompts"]),
+                   "False"]
 
 
 @pytest.mark.parametrize("value, words", [(0, "≥ 1"), (9, "≤ 8")])
