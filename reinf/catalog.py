@@ -24,8 +24,8 @@ The demo model, ``reinf-demo``, is listed too: it is built by the project's own 
 reinf.config imports this module (a named model's defaults, ``model_preset``), so every
 command does: torch, transformers and gguf are imported only inside the conversion (and
 torch to ask whether there is a CUDA GPU, for a named model with ``gpu_settings`` and
-``device: auto`` on a machine with an NVIDIA device node), and ``reinf status`` and the memory plan resolve the model without
-loading it.
+``device: auto`` on a machine with an NVIDIA device node), and ``reinf status`` and the
+memory plan resolve the model without loading it.
 """
 from __future__ import annotations
 

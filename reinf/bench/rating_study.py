@@ -66,10 +66,13 @@ def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prom
 
     say = progress or (lambda text: print(f"[rating-model] {text}", file=sys.stderr,
                                           flush=True))
+    from reinf.errors import BadInput
+
     biggest = max(ratings)
     if biggest >= prompts:
-        raise ValueError(f"--prompts ({prompts}) must exceed the largest --ratings "
-                         f"({biggest}): the model is judged on the prompts it was not fitted on")
+        raise BadInput(f"--prompts ({prompts}) must exceed the largest --ratings ({biggest}): "
+                       "the rating model is judged on the prompts it was not fitted on",
+                       fix=f"pass --prompts {biggest * 2} or smaller --ratings")
     loaded_raters = {name: load_rater(name, seed=seed) for name in raters}  # fail before loading
     torch.manual_seed(seed)
     loaded = load_model(config)
