@@ -2,7 +2,8 @@
 
 ``run_method`` is the loop of one run (``reinf.bench.learn.run_learn`` runs it for every method
 and seed): in a temporary data directory of its own (``build_context``), ``ChatService`` and
-``Engine`` generate and store each turn, the simulated rater's score is stored with
+``Engine`` generate and store each turn (the messages before the next round in one batch,
+``next_replies``: the model can't change in between), the simulated rater's score is stored with
 ``Store.rate``, ``reinf.daemon.scheduler.run_job`` trains as soon as ``train_after`` new
 ratings wait, through ``InlineRunner`` (``run_once`` in this process) or the daemon's
 ``ChildRunner`` (``--child``) or a baseline's runner (``reinf.bench.baselines``), and
@@ -12,7 +13,7 @@ report; ``reinf.bench.aggregate`` takes it over seeds.
 
 **The probe curve.** After every round, the active checkpoint answers the first ``probe`` of
 the probe prompts in their fixed order (repeated in order when there are fewer; sampled in
-batches of 16, block b with seed ``PROBE_SEED + b``: the same for every round, method and
+blocks of 16, 64 on a GPU, block b with seed ``PROBE_SEED + b``: the same for every round, method and
 seed) and a judge
 (the rater, seeded ``PROBE_SEED``) rates them; the same pass measures KL to the base and
 perplexity on the demo corpus's held-out slice (``reinf.bench.probe``; about a quarter of
@@ -38,7 +39,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from reinf.bench.aggregate import curve_to_target, is_kto, kto_rate, ratings_to_target, value_at
 
@@ -178,14 +179,18 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         scores, preferred, loop = [], [], 0.0
         picks: Counter = Counter()
         last_round = 0
-        for i, prompt in enumerate(shared["prompt_plan"].streams[seed]):
+        stream = shared["prompt_plan"].streams[seed]
+        ready: list = []  # replies sampled ahead, up to the next round (see next_replies)
+        for i, prompt in enumerate(stream):
             n = i + 1
             t0 = time.perf_counter()
             if plan.pairs_every and n % plan.pairs_every == 0:
                 score, good, outcome = give_pair(ctx, rater, prompt, seed * 100_003 + i)
                 picks[outcome] += 1
             else:
-                turn = ctx.chat.send(prompt, seed=seed * 100_003 + i)
+                if not ready:
+                    ready = next_replies(ctx, plan, k, stream, i, seed * 100_003 + i)
+                turn = ready.pop(0)
                 score = rater(prompt, turn.reply)
                 ctx.store.rate(turn.id, score)
                 good = rater.is_preferred(turn.reply, score, prompt=prompt)
@@ -382,6 +387,19 @@ def run_bestofn(config, plan: LearnPlan, k: int, seed: int, shared: dict,
     }
 
 
+def next_replies(ctx: Context, plan: LearnPlan, k: int, stream: Sequence[str], i: int,
+                 seed: int) -> list:
+    """The served replies to messages ``i, i + 1, ...`` of ``stream`` that come before the
+    next round can run, sampled in one batch (``ChatService.send_many``) and stored as turns:
+    the model can't change until then, so they are the replies one-at-a-time sending would
+    draw from the same checkpoint (a different random stream). A round runs once ``k``
+    ratings wait, so ``k`` minus those waiting; one at a time where pairs interleave."""
+    if plan.pairs_every:
+        return ctx.chat.send_many([stream[i]], seed=seed)
+    size = max(1, k - ctx.store.ratings_waiting())
+    return ctx.chat.send_many(list(stream[i:i + size]), seed=seed)
+
+
 def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, str]:
     """An interaction that gives a pair instead of a rating: the reply to ``prompt``, then
     another to the same message through regenerate's path (``ChatService.stream_again``);
@@ -427,7 +445,8 @@ class Probe:
     rated by a judge, then KL, perplexity and predicted rewards (``reinf.bench.probe``).
 
     The replies are sampled in batches (``reinf.bench.probe.sample_probe``: block b of 16
-    prompts with seed ``PROBE_SEED + b``, so reply j is the same for every probe size) and
+    prompts, 64 on a GPU, with seed ``PROBE_SEED + b``, so reply j is the same for every
+    probe size) and
     reply j is rated by the j-th call of that checkpoint's judge, so a checkpoint's replies
     are cached and extended (64 per round, 128 at the end) and its figures are computed once
     per probe size; the base's are shared by every method and seed."""

@@ -36,7 +36,6 @@ from reinf.training.checkpoints import VALUE_HEAD
 from reinf.training.ppo import (Policy, ValueHead, build_rollout, evaluate, measure_kl,
                                 weighted_mean)
 from reinf.training.rating_model import rank, spearman  # noqa: F401 (re-exported)
-from reinf.training.rollouts import sample_rollouts
 
 HELDOUT_ITEMS = 200
 
@@ -143,7 +142,13 @@ def last_values(values: torch.Tensor, mask: torch.Tensor) -> list[float]:
 
 # --- probe replies, sampled in batches --------------------------------------------------------
 
-PROBE_BLOCK = 16  # probe prompts sampled together; block b uses seed ``seed + b``
+PROBE_BLOCK = 16       # probe prompts sampled together on a CPU; block b uses seed ``seed + b``
+PROBE_BLOCK_GPU = 64   # on a GPU, where a batch of 64 costs about what one of 16 does
+
+
+def probe_block(device) -> int:
+    """How many probe prompts are sampled together on ``device`` (a torch device or name)."""
+    return PROBE_BLOCK_GPU if torch.device(device).type == "cuda" else PROBE_BLOCK
 
 
 @dataclass
@@ -160,27 +165,23 @@ class ProbeReply:
 def sample_probe(engine, prompts: Sequence[str], start: int, n: int, *, seed: int,
                  progress: Callable[[int, int], None] | None = None) -> list[ProbeReply]:
     """Replies ``start .. n - 1`` to ``prompts`` from the engine's model as it is (the
-    active adapter included), through the rollouts' batched sampler: whole blocks of
-    ``PROBE_BLOCK`` prompts, block b sampled with seed ``seed + b``, so reply j is the
-    same whatever probe size asked for it (replies beyond ``n`` in the last block are
-    sampled and dropped). Batched, a real model answers a 64-prompt probe several times
-    faster than one reply at a time."""
-    params = engine.generation_params()
+    active adapter included), in batches (``Engine.replies``): whole blocks of
+    ``probe_block`` prompts (16 on a CPU, 64 on a GPU), block b sampled with seed
+    ``seed + b``, so reply j is the same whatever probe size asked for it on one device
+    (replies beyond ``n`` in the last block are sampled and dropped). Batched, a real
+    model answers a 64-prompt probe several times faster than one reply at a time."""
+    size = probe_block(engine.device)
     out: list[ProbeReply] = []
-    first = start - start % PROBE_BLOCK
-    for block_start in range(first, n, PROBE_BLOCK):
-        block = list(prompts[block_start:block_start + PROBE_BLOCK])
-        ids = [engine.build_prompt([], p) for p in block]
-        with engine._lock:  # noqa: SLF001 - the bench is the engine's only user here
-            replies = sample_rollouts(engine.model, engine.tokenizer, ids, 1,
-                                      temperature=params["temperature"], top_p=params["top_p"],
-                                      max_new_tokens=params["max_new_tokens"],
-                                      seed=seed + block_start // PROBE_BLOCK,
-                                      batch_size=PROBE_BLOCK)
+    first = start - start % size
+    for block_start in range(first, n, size):
+        block = list(prompts[block_start:block_start + size])
+        params = engine.generation_params(seed=seed + block_start // size)
+        replies = engine.replies([engine.build_prompt([], p) for p in block], params)
         for j, (prompt, reply) in enumerate(zip(block, replies), start=block_start):
             if start <= j < n:
                 out.append(ProbeReply(prompt, reply.text, list(reply.prompt_ids),
-                                      list(reply.reply_ids), list(reply.logprobs), params))
+                                      list(reply.reply_ids), list(reply.logprobs),
+                                      reply.gen_params))
         if progress:
-            progress(min(n, block_start + PROBE_BLOCK) - start, n - start)
+            progress(min(n, block_start + size) - start, n - start)
     return out

@@ -103,18 +103,10 @@ class ChatStream:
                     reply, text=kept[0], reply_ids=kept[1], logprobs=kept[2],
                     interrupted=True, finish_reason="interrupted")
             if error is None and reply is not None:
-                gen_params = dict(reply.gen_params)
-                if self.stream_id:  # a client's streamed completion id finds the turn later
-                    gen_params["stream_id"] = self.stream_id
-                self._turn = self._service.store.append_turn(
-                    self.conversation_id, self.message, reply.text,
-                    prompt_ids=reply.prompt_ids, reply_ids=reply.reply_ids,
-                    logprobs=reply.logprobs, checkpoint_id=reply.checkpoint_id,
-                    model=model_display_name(self._service.engine.model_name),
-                    gen_params=gen_params,
-                    ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
-                    interrupted=reply.interrupted, context_turn_ids=self.context_turn_ids,
-                    slot=self.slot, picked=self.picked)
+                self._turn = self._service.store_reply(
+                    self.conversation_id, self.message, reply,
+                    context_turn_ids=self.context_turn_ids, slot=self.slot,
+                    picked=self.picked, stream_id=self.stream_id)
         finally:
             self._service._release(self.conversation_id)
 
@@ -261,6 +253,46 @@ class ChatService:
     def send(self, message: str, conversation_id: int | None = None,
              **generation: Any) -> TurnRecord:
         return self.stream(message, conversation_id, **generation).wait()
+
+    def send_many(self, messages: list[str], *, seed: int | None = None) -> list[TurnRecord]:
+        """Each message the first of a new conversation (the config's system prompt), the
+        replies sampled together in one batch (``Engine.replies``: one random stream, seeded
+        by ``seed``) and stored as ``send`` stores them. For many independent first
+        messages at once (the simulated people of ``reinf bench learn``); with best-of-n
+        on, one ``send`` each (seeds ``seed``, ``seed + 1``, ...), since best-of-n chooses
+        each reply on its own. Bad input raises before anything is stored."""
+        messages = [self.check_message(m) for m in messages]
+        if self.config.generation.best_of > 1:
+            return [self.send(m, seed=None if seed is None else seed + i)
+                    for i, m in enumerate(messages)]
+        params = self._params({"seed": seed})
+        system = check_system_prompt(self.config.generation.system_prompt)
+        prompts = [self.engine.build_prompt([], m, max_new_tokens=params["max_new_tokens"],
+                                            system=system) for m in messages]
+        replies = self.engine.replies(prompts, params)
+        turns = []
+        for message, reply in zip(messages, replies):
+            conversation_id = self.store.create_conversation(system_prompt=system).id
+            turns.append(self.store_reply(conversation_id, message, reply))
+        return turns
+
+    def store_reply(self, conversation_id: int, message: str, reply, *,
+                    context_turn_ids: list[int] | None = None, slot: int | None = None,
+                    picked: bool = True, stream_id: str | None = None) -> TurnRecord:
+        """Store an engine Reply to ``message`` as the conversation's next turn (or, with
+        ``slot``, an alternative there). ``stream_id``: a client's streamed completion id,
+        kept so that the turn is found by it later."""
+        gen_params = dict(reply.gen_params)
+        if stream_id:
+            gen_params["stream_id"] = stream_id
+        return self.store.append_turn(
+            conversation_id, message, reply.text,
+            prompt_ids=reply.prompt_ids, reply_ids=reply.reply_ids,
+            logprobs=reply.logprobs, checkpoint_id=reply.checkpoint_id,
+            model=model_display_name(self.engine.model_name), gen_params=gen_params,
+            ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
+            interrupted=reply.interrupted, context_turn_ids=context_turn_ids or [],
+            slot=slot, picked=picked)
 
     def stream_again(self, turn_id: int, *, picked: bool = True, stream_id: str | None = None,
                      **generation: Any) -> ChatStream:

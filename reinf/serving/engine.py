@@ -22,6 +22,7 @@ text reaches the stream in one piece, once the candidates are scored.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -44,6 +45,16 @@ from reinf.training.rating_model import reply_features
 log = logging.getLogger(__name__)
 
 __all__ = ["Borrowed", "Engine", "Reply", "ReplyStream"]
+
+
+@dataclass
+class _Rows:
+    """A batch of sampled replies, row by row (``Engine._decode_rows``)."""
+    ids: list[list[int]]            # each row's tokens, its final EOS included
+    logprobs: list[list[float]]
+    finish: list[str]               # "stop" | "length" per row
+    ttft_ms: float | None = None    # request to the first sampled token
+    interrupted: bool = False       # told to stop while a row was still running
 
 
 @dataclass(frozen=True)
@@ -291,40 +302,50 @@ class Engine:
         ``adapter`` (see ``borrow``): this reply comes from it instead of the active adapter.
         """
         started = time.perf_counter()
+        prompt = self._fitting(prompt_ids, params)
+        return ReplyStream(lambda s: self._run(s, prompt, params, started, ignore_eos, adapter),
+                           on_finish=on_finish)
+
+    def _fitting(self, prompt_ids: Sequence[int], params: dict[str, Any]) -> list[int]:
+        """The prompt as a list of ints; BadInput when it and the reply would not fit."""
         prompt = [int(i) for i in prompt_ids]
         if len(prompt) + params["max_new_tokens"] > self.context_limit:
             raise BadInput(f"prompt of {len(prompt)} tokens plus {params['max_new_tokens']} new "
                            f"ones exceeds the model's context of {self.context_limit} tokens")
-        return ReplyStream(lambda s: self._run(s, prompt, params, started, ignore_eos, adapter),
-                           on_finish=on_finish)
+        return prompt
 
     def generate(self, history: Sequence[tuple[str, str]], message: str, **params) -> Reply:
         return self.stream(history, message, **params).wait()
 
     def _run(self, stream: ReplyStream, prompt: list[int], params: dict, started: float,
              ignore_eos: bool, adapter: Borrowed | None = None) -> Reply:
+        with self._generating(), self._lock:
+            self._apply_pending()
+            try:
+                if adapter is None:
+                    active = self._adapters.active
+                    n = self.config.generation.best_of
+                    if n > 1 and not ignore_eos:
+                        status = self.best_of_status()
+                        if status["active"]:
+                            return self._sample_best_of(stream, prompt, params, started,
+                                                        active, n, self._rater(active))
+                        params = {**params, "best_of": n, "best_of_used": 1,
+                                  "best_of_reason": status["reason"]}
+                    return self._sample(stream, prompt, params, started, ignore_eos, active)
+                with self._adapters.borrowed(adapter.checkpoint_id, adapter.peft_config,
+                                             adapter.state_dict):
+                    return self._sample(stream, prompt, params, started, ignore_eos,
+                                        adapter.checkpoint_id)
+            finally:
+                self._apply_pending()  # a swap requested during this reply lands now
+
+    @contextlib.contextmanager
+    def _generating(self):
+        """Generation errors as the person sees them: out of memory names the fix; anything
+        unexpected is one line, the traceback goes to the log."""
         try:
-            with self._lock:
-                self._apply_pending()
-                try:
-                    if adapter is None:
-                        active = self._adapters.active
-                        n = self.config.generation.best_of
-                        if n > 1 and not ignore_eos:
-                            status = self.best_of_status()
-                            if status["active"]:
-                                return self._sample_best_of(stream, prompt, params, started,
-                                                            active, n, self._rater(active))
-                            params = {**params, "best_of": n, "best_of_used": 1,
-                                      "best_of_reason": status["reason"]}
-                        return self._sample(stream, prompt, params, started, ignore_eos,
-                                            active)
-                    with self._adapters.borrowed(adapter.checkpoint_id, adapter.peft_config,
-                                                 adapter.state_dict):
-                        return self._sample(stream, prompt, params, started, ignore_eos,
-                                            adapter.checkpoint_id)
-                finally:
-                    self._apply_pending()  # a swap requested during this reply lands now
+            yield
         except (torch.OutOfMemoryError, MemoryError) as exc:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -390,72 +411,107 @@ class Engine:
                      interrupted=finish == "interrupted", gen_params=dict(params),
                      finish_reason=finish)
 
+    def replies(self, prompts: Sequence[Sequence[int]], params: dict[str, Any]) -> list[Reply]:
+        """Replies to several ready prompts from the active adapter, sampled in one batch of
+        the same decoder (one random stream, seeded by ``params["seed"]`` when given), each
+        recorded as a streamed reply records it. Not streamed and never best-of-n: for
+        callers that want many independent replies at once (``ChatService.send_many``,
+        the simulated people of ``reinf bench learn``). Raises as ``stream_prompt``."""
+        started = time.perf_counter()
+        rows = [self._fitting(p, params) for p in prompts]
+        if not rows:
+            return []
+        with self._generating(), self._lock:
+            self._apply_pending()  # a swap requested before lands now, as before a reply
+            try:
+                active = self._adapters.active
+                with torch.inference_mode():
+                    batch = self._decode_rows(None, rows, params, self._generator(params),
+                                              started)
+                latency = (time.perf_counter() - started) * 1000
+                return [Reply(text=self._text(batch.ids[i], batch.finish[i]), prompt_ids=prompt,
+                              reply_ids=batch.ids[i], logprobs=batch.logprobs[i],
+                              checkpoint_id=active, ttft_ms=batch.ttft_ms, latency_ms=latency,
+                              interrupted=False, gen_params=dict(params),
+                              finish_reason=batch.finish[i])
+                        for i, prompt in enumerate(rows)]
+            finally:
+                self._apply_pending()
+
+    def _decode_rows(self, stream: ReplyStream | None, prompts: list[list[int]], params: dict,
+                     gen: torch.Generator, started: float) -> "_Rows":
+        """Sample a reply to each of ``prompts`` in one batch, until every row ended or
+        ``stream`` (if any) was told to stop (``interrupted``: some row was still running)."""
+        n, max_new = len(prompts), params["max_new_tokens"]
+        rows = _Rows(ids=[[] for _ in range(n)], logprobs=[[] for _ in range(n)],
+                     finish=["length"] * n)
+        steps = decode(self.model, prompts, temperature=params["temperature"],
+                       top_p=params["top_p"], max_new_tokens=max_new, generator=gen,
+                       eos_ids=self.eos_ids)
+        while True:
+            if stream is not None and stream.stopped and any(
+                    f != "stop" and len(r) < max_new for f, r in zip(rows.finish, rows.ids)):
+                rows.interrupted = True
+                break
+            step = next(steps, None)  # one forward pass for every row's next token
+            if step is None:
+                break
+            tokens, lps = step.tokens.tolist(), step.logprobs.tolist()
+            live, ended = step.live.tolist(), step.ended.tolist()
+            if rows.ttft_ms is None:
+                rows.ttft_ms = (time.perf_counter() - started) * 1000
+            for i in range(n):
+                if live[i]:
+                    rows.ids[i].append(int(tokens[i]))
+                    rows.logprobs[i].append(float(lps[i]))
+                    if ended[i]:
+                        rows.finish[i] = "stop"
+        steps.close()
+        return rows
+
+    def _text(self, reply_ids: list[int], finish: str) -> str:
+        """A sampled reply's text: its tokens, less the final EOS when it stopped there."""
+        text = Detokenizer(self.tokenizer)
+        for token in reply_ids[:-1] if finish == "stop" else reply_ids:
+            text.add(token)
+        text.flush()
+        return text.text
+
     @torch.inference_mode()
     def _sample_best_of(self, stream: ReplyStream, prompt: list[int], params: dict,
                         started: float, checkpoint_id: str, n: int, rater: Rater) -> Reply:
         """``n`` replies to ``prompt`` from the active adapter in one batch; the rating model
         keeps one. The caller holds the lock, so the features are taken here (base model,
         adapter off) and not through ``rating_features``, which takes it."""
-        temperature, top_p = params["temperature"], params["top_p"]
-        max_new = params["max_new_tokens"]
-        gen = self._generator(params)
-        ids: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        finish = ["length"] * n
-        ttft_ms = None
-        interrupted = False
-        steps = decode(self.model, [prompt] * n, temperature=temperature, top_p=top_p,
-                       max_new_tokens=max_new, generator=gen, eos_ids=self.eos_ids)
-        while True:
-            if stream.stopped and any(f != "stop" and len(r) < max_new
-                                      for f, r in zip(finish, ids)):
-                interrupted = True
-                break
-            step = next(steps, None)  # one forward pass for every candidate's next token
-            if step is None:
-                break
-            tokens, lps = step.tokens.tolist(), step.logprobs.tolist()
-            live, ended = step.live.tolist(), step.ended.tolist()
-            if ttft_ms is None:
-                ttft_ms = (time.perf_counter() - started) * 1000
-            for i in range(n):
-                if live[i]:
-                    ids[i].append(int(tokens[i]))
-                    logprobs[i].append(float(lps[i]))
-                    if ended[i]:
-                        finish[i] = "stop"
-        steps.close()
+        rows = self._decode_rows(stream, [prompt] * n, params, self._generator(params), started)
+        ids, logprobs, finish = rows.ids, rows.logprobs, rows.finish
         gen_params = {**params, "best_of": n}
-        if interrupted:  # Stop before the candidates were done: the first one, as it is
+        if rows.interrupted:  # Stop before the candidates were done: the first one, as it is
             chosen, scores = 0, None
             gen_params.update(best_of_used=1, best_of_reason="stopped before the candidates "
                               "were done; the first one is kept as it was")
         else:
-            rows = [i for i in range(n) if ids[i]]
+            kept = [i for i in range(n) if ids[i]]
             scores = [None] * n
-            if rows:
+            if kept:
                 with self._adapters.borrowed(None):  # the rating model reads the base model
-                    features = reply_features(self.model, [(prompt, ids[i]) for i in rows])
+                    features = reply_features(self.model, [(prompt, ids[i]) for i in kept])
                 predicted = rater.model.score(features, self.config.training.pessimism).tolist()
-                for i, score in zip(rows, predicted):
+                for i, score in zip(kept, predicted):
                     scores[i] = round(float(score), 4)
             # the highest score, the first on a tie (an empty candidate never wins)
             chosen = max(range(n), key=lambda i: (-1.0 if scores[i] is None else scores[i], -i))
             gen_params.update(best_of_chosen=chosen, best_of_scores=scores,
                               best_of_checkpoint_id=rater.checkpoint_id)
-        text = Detokenizer(self.tokenizer)
-        reply_ids = ids[chosen]
-        for token in reply_ids[:-1] if finish[chosen] == "stop" else reply_ids:
-            text.add(token)
-        text.flush()
-        if text.text:
-            stream.emit(text.text)  # the whole reply at once: it was chosen after sampling
-        return Reply(text=text.text, prompt_ids=prompt, reply_ids=list(reply_ids),
+        text = self._text(ids[chosen], finish[chosen])
+        if text:
+            stream.emit(text)  # the whole reply at once: it was chosen after sampling
+        return Reply(text=text, prompt_ids=prompt, reply_ids=list(ids[chosen]),
                      logprobs=list(logprobs[chosen]), checkpoint_id=checkpoint_id,
-                     ttft_ms=ttft_ms, latency_ms=(time.perf_counter() - started) * 1000,
-                     interrupted=interrupted,
+                     ttft_ms=rows.ttft_ms, latency_ms=(time.perf_counter() - started) * 1000,
+                     interrupted=rows.interrupted,
                      gen_params=gen_params,
-                     finish_reason="interrupted" if interrupted else finish[chosen])
+                     finish_reason="interrupted" if rows.interrupted else finish[chosen])
 
     def borrow(self, checkpoint_id: str | None, path: str | Path | None = None) -> Borrowed:
         """The adapter of ``checkpoint_id`` (a PEFT adapter in ``path``; None: the bare base)

@@ -358,3 +358,39 @@ def test_a_swap_to_an_adapter_evicted_while_it_waited_still_lands(engine, models
     assert engine.last_swap_error is None
     assert engine._adapters.active == "ckpt-a"
     assert engine.generate([], "Hello", max_new_tokens=4).checkpoint_id == "ckpt-a"
+
+
+# --- several replies in one batch (Engine.replies) ---------------------------------------------
+
+def test_a_batch_of_replies_gives_each_row_the_reply_it_would_get_alone(engine, models):
+    """Prompts of different lengths share a batch by left padding: under near-greedy
+    sampling (top_p keeps the top token) each row is the reply that prompt gets alone,
+    and its stored log-probs are reproduced by a plain forward under the active adapter."""
+    engine.request_swap("ckpt-a", models["a"])
+    messages = ["Hi", "Why is the sky blue on a clear afternoon?", "Tell me about the sea"]
+    params = engine.generation_params(temperature=0.8, top_p=1e-6, max_new_tokens=10, seed=1)
+    prompts = [engine.build_prompt([], m) for m in messages]
+    batch = engine.replies(prompts, params)
+    alone = [engine.generate([], m, temperature=0.8, top_p=1e-6, max_new_tokens=10, seed=9)
+             for m in messages]
+    assert len({len(p) for p in prompts}) == 3
+    assert [r.reply_ids for r in batch] == [r.reply_ids for r in alone]
+    assert [r.text for r in batch] == [r.text for r in alone]
+    assert {r.checkpoint_id for r in batch} == {"ckpt-a"}
+    policy = fresh_model(models["tiny"], models["a"])
+    for reply in batch:
+        again = reforward(policy, reply.prompt_ids, reply.reply_ids, 0.8)
+        assert torch.allclose(again, torch.tensor(reply.logprobs), atol=1e-4, rtol=0)
+
+
+def test_a_batch_of_replies_is_seeded_and_refuses_a_prompt_that_does_not_fit(engine):
+    params = engine.generation_params(temperature=1.2, max_new_tokens=12, seed=4)
+    prompts = [engine.build_prompt([], m) for m in ("One", "Two", "Three")]
+    first, second = engine.replies(prompts, params), engine.replies(prompts, params)
+    assert [r.reply_ids for r in first] == [r.reply_ids for r in second]
+    other = engine.replies(prompts, {**params, "seed": 5})
+    assert [r.reply_ids for r in other] != [r.reply_ids for r in first]
+    assert engine.replies([], params) == []
+    too_long = [1] * engine.context_limit
+    with pytest.raises(BadInput, match="exceeds the model's context"):
+        engine.replies([prompts[0], too_long], params)

@@ -159,3 +159,28 @@ def test_the_web_and_openai_apis_put_the_system_prompt_in_the_stored_prompt(
     assert "earlier" in text and text.count("<|im_start|>system") == 1
     assert r.get_json()["usage"]["prompt_tokens"] == len(turn.prompt_ids)
     store.close()
+
+
+def test_send_many_stores_each_reply_as_a_first_turn_like_send(setup):
+    """``ChatService.send_many`` (the batch the learning bench's simulated people use):
+    each message opens its own conversation with the config's system prompt, its turn is
+    stored as ``send`` stores one (prompt ids, log-probs, the model), can be rated, and a
+    bad message is refused before anything is stored or sampled."""
+    from reinf.errors import BadInput
+
+    config, store, engine, chat = setup
+    turns = chat.send_many(MESSAGES[:3], seed=7)
+    assert [t.user_message for t in turns] == MESSAGES[:3]
+    assert len({t.conversation_id for t in turns}) == 3
+    alone = chat.send(MESSAGES[0], seed=7)
+    for turn, message in zip(turns, MESSAGES):
+        assert turn.system_prompt == SYSTEM
+        assert turn.prompt_ids == engine.build_prompt([], message, system=SYSTEM)
+        assert len(turn.reply_ids) == len(turn.logprobs) > 0
+        assert turn.model == alone.model and turn.gen_params["seed"] == 7
+    store.rate(turns[1].id, 4)
+    assert store.get_turn(turns[1].id).rating.score == 4
+    before = len(store.list_conversations())
+    with pytest.raises(BadInput, match="empty"):
+        chat.send_many([MESSAGES[0], "  "])
+    assert len(store.list_conversations()) == before
