@@ -189,7 +189,8 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                 picks[outcome] += 1
             else:
                 if not ready:
-                    ready = next_replies(ctx, plan, k, stream, i, seed * 100_003 + i)
+                    size = before_round(ctx, plan, k, n, last_round)
+                    ready = next_replies(ctx, stream, i, size, seed * 100_003 + i)
                 turn = ready.pop(0)
                 score = rater(prompt, turn.reply)
                 ctx.store.rate(turn.id, score)
@@ -387,16 +388,21 @@ def run_bestofn(config, plan: LearnPlan, k: int, seed: int, shared: dict,
     }
 
 
-def next_replies(ctx: Context, plan: LearnPlan, k: int, stream: Sequence[str], i: int,
-                 seed: int) -> list:
-    """The served replies to messages ``i, i + 1, ...`` of ``stream`` that come before the
-    next round can run, sampled in one batch (``ChatService.send_many``) and stored as turns:
-    the model can't change until then, so they are the replies one-at-a-time sending would
-    draw from the same checkpoint (a different random stream). A round runs once ``k``
-    ratings wait, so ``k`` minus those waiting; one at a time where pairs interleave."""
-    if plan.pairs_every:
-        return ctx.chat.send_many([stream[i]], seed=seed)
-    size = max(1, k - ctx.store.ratings_waiting())
+def before_round(ctx: Context, plan: LearnPlan, k: int, n: int, last_round: int) -> int:
+    """How many interactions from the nth on are ratings that come before the next round (at
+    least 1): a round runs once ``k`` ratings wait, or, with pairs, after every ``k``
+    interactions; a pair (every ``pairs_every``th interaction) ends the stretch too."""
+    if not plan.pairs_every:
+        return max(1, k - ctx.store.ratings_waiting())
+    next_pair = (n // plan.pairs_every + 1) * plan.pairs_every
+    return max(1, min(next_pair - n, last_round + k - n + 1))
+
+
+def next_replies(ctx: Context, stream: Sequence[str], i: int, size: int, seed: int) -> list:
+    """The served replies to messages ``i .. i + size - 1`` of ``stream``, sampled in one
+    batch (``ChatService.send_many``) and stored as turns. ``size`` from ``before_round``:
+    the model can't change before then, so they are the replies one-at-a-time sending
+    would draw from the same checkpoint (from another random stream)."""
     return ctx.chat.send_many(list(stream[i:i + size]), seed=seed)
 
 

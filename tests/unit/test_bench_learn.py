@@ -334,3 +334,38 @@ def test_the_cli_refuses_bad_best_of_and_kto_rates_before_loading_anything(invok
     assert result.exit_code == 1 and "distinct learning rates" in result.output
     help_text = invoke("bench", "learn", "--help").output
     assert "bestofn" in help_text and "5e-6,1e-4,1e-3" in help_text
+
+
+@pytest.mark.parametrize("pairs_every", [0, 2, 3, 4])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_served_replies_are_sampled_together_only_up_to_the_next_round_or_pair(pairs_every, k):
+    """``before_round`` sizes the batches of served replies in ``run_method``'s loop: a
+    stretch never spans a round (the model changes there) or a pair (its own path), and
+    with no pairs it runs all the way to the round, so a round of k ratings is one batch."""
+    from types import SimpleNamespace
+
+    from reinf.bench.harness import before_round
+
+    store = SimpleNamespace(waiting=0)
+    store.ratings_waiting = lambda: store.waiting
+    ctx = SimpleNamespace(store=store)
+    plan = LearnPlan(ratings=40, train_after=k, pairs_every=pairs_every)
+    left, last_round, stretches, size = 0, 0, [], 0
+    for n in range(1, 41):
+        is_pair = bool(pairs_every) and n % pairs_every == 0
+        if not is_pair:
+            if left == 0:
+                size = left = before_round(ctx, plan, k, n, last_round)
+                stretches.append([])
+            stretches[-1].append(n)
+            left -= 1
+            store.waiting += 1
+        elif left:  # a pair came inside a stretch
+            raise AssertionError(f"pair {n} inside a stretch of {size}")
+        due = (n - last_round >= k) if pairs_every else store.waiting >= k
+        if due:
+            assert left == 0, f"a round after {n} inside a stretch"
+            last_round, store.waiting = n, 0
+    assert sum(map(len, stretches)) == 40 - (40 // pairs_every if pairs_every else 0)
+    if not pairs_every:
+        assert [len(s) for s in stretches] == [k] * (40 // k)
