@@ -16,11 +16,14 @@ joined by blank lines, are the conversation's system prompt: a new conversation 
 (without any, the config's ``system_prompt``); a matching stored conversation is continued
 only if its own is the same (any, when the request has none); an explicit one whose own
 differs takes the request's while it has no turns, else the request gets 409.
-Fields OpenAI defines but Reinf does not use (stop, seed, penalties, ...) are
-ignored; tools and non-text content are refused with 400.
+``seed`` makes a request repeatable: the same request (same prompt, settings and model)
+gives the same choices. Fields OpenAI defines but Reinf does not use (stop, penalties, ...)
+are ignored; tools and non-text content are refused with 400.
 
-``n`` (1 to MAX_CHOICES): the choices are sampled one after another from the same prompt.
-The first is a new turn; the others are stored as its alternatives (reinf.storage.schema.Turn: the
+``n`` (1 to MAX_CHOICES): the first choice is sampled (and streamed) as any reply; the
+other ``n - 1`` are then sampled together, in one batch from the same prompt
+(``ChatService.alternatives``; with ``seed``, that batch has ``seed + 1``). The first is a
+new turn; the others are stored as its alternatives (reinf.storage.schema.Turn: the
 same slot, not picked), so each choice is a turn of its own with its own id, rated as any
 turn: ``chatcmpl-<choices[i].turn_id>`` (each choice carries ``turn_id`` and ``id``). A
 client that continues the conversation from another choice (re-sending it as the
@@ -28,8 +31,9 @@ assistant message) continues it from that one: it becomes the picked alternative
 
 Streaming: the turn id is known only once the reply is stored, so the final chunk (the
 one with ``finish_reason``) has id ``chatcmpl-<turn_id>`` plus ``turn_id`` and
-``conversation_id`` fields; with ``n`` > 1 the choices stream one after another, each ending
-with such a chunk for its ``index``. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
+``conversation_id`` fields; with ``n`` > 1 the first choice streams token by token, then
+each other choice comes whole (one content chunk), each ending with such a chunk for its
+``index``. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
 as the ``llm`` CLI log the first chunk's id): the turn stores the hex, so ``reinf rate``
 and the rating route resolve it too, after a restart as well (Store.resolve_turn).
 """
@@ -52,7 +56,8 @@ bp = Blueprint("openai", __name__, url_prefix="/v1")
 SYSTEM_ROLES = {"system", "developer"}
 CREATED = int(time.time())
 MATCH_WINDOW = 200  # recent turns searched for a conversation to continue
-MAX_CHOICES = 8     # n: each choice is a full reply, generated one after another
+MAX_CHOICES = 8     # n: each choice is a full reply (the first, then the others in one batch)
+MAX_SEED = 2**63 - 1
 
 
 def chunk_data(payload: dict) -> str:
@@ -178,6 +183,7 @@ def generation_from(body: dict, config) -> dict[str, Any]:
             gen["max_new_tokens"] = get_number(body[name], name, low=1, high=32_768,
                                                integer=True)
             break
+    gen["seed"] = get_number(body.get("seed"), "seed", low=0, high=MAX_SEED, integer=True)
     return {k: v for k, v in gen.items() if v is not None}
 
 
@@ -232,6 +238,8 @@ def completions():
     created, name = int(time.time()), runtime.model_name
     stream_id = new_stream_id()  # chosen before the reply starts: its turn stores it
     again = {k: v for k, v in gen.items() if k != "system_prompt"}  # the choices after the 1st
+    if "seed" in again:  # one batch of their own: not the first choice's random stream
+        again["seed"] += 1
     try:
         if stream:
             reply = service.stream(message, conversation_id=conversation_id,
@@ -243,8 +251,7 @@ def completions():
             runtime.store.forget_conversation(conversation_id)
         raise
     if not stream:
-        turns = [turn] + [service.stream_again(turn.id, picked=False, **again).wait()
-                          for _ in range(n - 1)]
+        turns = [turn] + (service.alternatives(turn.id, n - 1, **again) if n > 1 else [])
         return jsonify({
             "id": f"{COMPLETION_PREFIX}{turn.id}", "object": "chat.completion", "created": created,
             "model": name, "system_fingerprint": turn.checkpoint_id or "base",
@@ -301,16 +308,17 @@ def completions():
 
 class Choices:
     """``n`` streamed choices as one stream (webui.streaming.Relay's interface): the first
-    reply, then ``n - 1`` alternatives of its turn (not picked), one after another.
-    Iterating gives ``("delta", index, text)`` and, as each choice is stored,
-    ``("end", index, turn)``; ``turn`` is then the list of stored turns. ``stop()`` ends
-    the reply in progress and starts no more."""
+    reply as it streams, then the ``n - 1`` others, sampled together as alternatives of its
+    turn (``ChatService.alternatives``, not picked), each whole. Iterating gives
+    ``("delta", index, text)`` and, as each choice is stored, ``("end", index, turn)``;
+    ``turn`` is then the list of stored turns. ``stop()`` ends the first reply if it is
+    still running and samples no others."""
 
     def __init__(self, service, first, n: int, generation: dict):
         self.service, self.n, self.generation = service, n, generation
         self.conversation_id = first.conversation_id
         self.turns: list = []
-        self._current = first
+        self._first = first
         self._stopped = False
         self._items = self._run()
 
@@ -321,23 +329,25 @@ class Choices:
         return next(self._items)
 
     def _run(self):
-        for index in range(self.n):
-            if index:
-                if self._stopped:
-                    return
-                self._current = self.service.stream_again(self.turns[0].id, picked=False,
-                                                          **self.generation)
-            for text in self._current:
-                yield "delta", index, text
-            turn = self._current.turn
-            if turn is None:
-                return
-            self.turns.append(turn)
-            yield "end", index, turn
+        for text in self._first:
+            yield "delta", 0, text
+        turn = self._first.turn
+        if turn is None:
+            return
+        self.turns.append(turn)
+        yield "end", 0, turn
+        if self._stopped:
+            return
+        for index, other in enumerate(self.service.alternatives(turn.id, self.n - 1,
+                                                                **self.generation), start=1):
+            self.turns.append(other)
+            if other.reply:
+                yield "delta", index, other.reply
+            yield "end", index, other
 
     def stop(self) -> None:
         self._stopped = True
-        self._current.stop()
+        self._first.stop()
 
     @property
     def turn(self) -> list:

@@ -306,16 +306,7 @@ class ChatService:
         conversation_id = turn.conversation_id
         self._acquire(conversation_id)
         try:
-            path = self.store.conversation_turns(conversation_id)  # now that no reply runs
-            if path and path[-1].index > turn.index:
-                raise Conflict(f"turn {turn_id} is not the last of its conversation; only the "
-                               "last reply can be sampled again (later turns continue from it)",
-                               fix="regenerate the last reply of the conversation")
-            context = [t for t in path if t.index < turn.index and t.reply]
-            conv = self.store.get_conversation(conversation_id)
-            prompt_ids = self.engine.build_prompt(
-                [(t.user_message, t.reply) for t in context], turn.user_message,
-                max_new_tokens=params["max_new_tokens"], system=conv.system_prompt)
+            context, prompt_ids = self._again_prompt(turn, params)
             chat = ChatStream(self, conversation_id, turn.user_message, stream_id)
             chat.context_turn_ids = [t.id for t in context]
             chat.slot, chat.picked = turn.index, picked
@@ -325,6 +316,44 @@ class ChatService:
             self._release(conversation_id)
             raise
         return chat
+
+    def alternatives(self, turn_id: int, count: int, **generation: Any) -> list[TurnRecord]:
+        """``count`` more replies to the message of ``turn_id``, as ``stream_again`` samples
+        one, but together in one batch (``Engine.replies``: one random stream, seeded by
+        ``seed`` when given) and not streamed; each is stored as an alternative in its
+        slot, not picked. With best-of-n on, one ``stream_again`` each (seeds ``seed``,
+        ``seed + 1``, ...), since best-of-n chooses each reply on its own."""
+        if self.config.generation.best_of > 1:
+            seed = generation.get("seed")
+            return [self.stream_again(turn_id, picked=False, **{
+                **generation, "seed": None if seed is None else seed + i}).wait()
+                for i in range(count)]
+        params = self._params(generation)
+        turn = self.store.get_turn(turn_id)
+        self._acquire(turn.conversation_id)
+        try:
+            context, prompt_ids = self._again_prompt(turn, params)
+            replies = self.engine.replies([prompt_ids] * count, params)
+            return [self.store_reply(turn.conversation_id, turn.user_message, reply,
+                                     context_turn_ids=[t.id for t in context],
+                                     slot=turn.index, picked=False) for reply in replies]
+        finally:
+            self._release(turn.conversation_id)
+
+    def _again_prompt(self, turn: TurnRecord, params: dict[str, Any]):
+        """The context turns and prompt ids of another reply to ``turn``'s message; Conflict
+        when the conversation went on after it. Called with the conversation's lock held."""
+        path = self.store.conversation_turns(turn.conversation_id)  # now that no reply runs
+        if path and path[-1].index > turn.index:
+            raise Conflict(f"turn {turn.id} is not the last of its conversation; only the "
+                           "last reply can be sampled again (later turns continue from it)",
+                           fix="regenerate the last reply of the conversation")
+        context = [t for t in path if t.index < turn.index and t.reply]
+        conv = self.store.get_conversation(turn.conversation_id)
+        prompt_ids = self.engine.build_prompt(
+            [(t.user_message, t.reply) for t in context], turn.user_message,
+            max_new_tokens=params["max_new_tokens"], system=conv.system_prompt)
+        return context, prompt_ids
 
     def pick(self, turn_id: int) -> tuple[TurnRecord, list[PairRecord]]:
         """Make ``turn_id`` the alternative its conversation continues from, and store the

@@ -8,7 +8,9 @@ reply alone, under the same lock, and the active one is back before the next rep
 
 Tokens come from ``reinf.model.sampling.decode`` (a batch of one), the same decoder the
 trainer's rollouts use, so each reply records its exact prompt and reply token ids and each
-sampled token's behaviour log-probability, and can stop between tokens.
+sampled token's behaviour log-probability, and can stop between tokens. ``replies`` samples
+replies to several prompts in one batch of that decoder, recorded the same way (the choices
+of an ``n`` > 1 request after the first, the learning bench's simulated people).
 
 Best-of-n (``generation.best_of`` > 1): a chat reply from the active adapter is sampled
 ``best_of`` times in one batch of the same decoder, and the rating model the active

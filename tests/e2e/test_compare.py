@@ -277,6 +277,30 @@ def test_openai_client_n_2_gives_two_rateable_choices(server, store):
     assert "'n' must be between 1 and 8" in str(bad.value)
 
 
+def test_n_choices_with_a_seed_differ_and_repeat(server, store):
+    """``n`` choices with a ``seed`` are n samples, not n copies of one, and the same request
+    gives the same choices again (streamed or not); the choices after the first are
+    alternatives of its turn, not picked."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    body = dict(model="m", n=4, max_tokens=8, seed=11, temperature=1.0,
+                messages=[{"role": "user", "content": "Tell me a story"}])
+    first = [c.message.content for c in client.chat.completions.create(**body).choices]
+    again = client.chat.completions.create(**body)
+    assert [c.message.content for c in again.choices] == first
+    assert len(set(first)) >= 3, first
+    turns = [store.get_turn(int(c.model_extra["id"].removeprefix("chatcmpl-")))
+             for c in again.choices]
+    assert [t.picked for t in turns] == [True, False, False, False]
+    assert len({t.index for t in turns}) == 1 and turns[0].alternatives == 4
+    streamed = ["", "", "", ""]
+    for chunk in client.chat.completions.create(stream=True, **body):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert streamed == first
+
+
 def test_reinf_compare_through_a_running_server(server, store, invoke):
     import json
 

@@ -103,6 +103,9 @@ def test_errors_reach_the_client_as_openai_errors(client):
     with pytest.raises(openai.BadRequestError, match="'n' must be between 1 and 8"):
         client.chat.completions.create(model="m", n=9, messages=[
             {"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="'seed' must be between 0 and"):
+        client.chat.completions.create(model="m", seed=-1, messages=[
+            {"role": "user", "content": "hi"}])
     with pytest.raises(openai.NotFoundError, match="no conversation"):
         client.chat.completions.create(model="m", extra_body={"conversation_id": 4242},
                                        messages=[{"role": "user", "content": "hi"}])

@@ -48,6 +48,9 @@ class NumberedEngine:
                          2.0, False, dict(params), "stop")
         return ReplyStream(run, on_finish=on_finish)
 
+    def replies(self, prompts, params):
+        return [self.stream_prompt(p, params).wait() for p in prompts]
+
 
 @pytest.fixture
 def engine(config):
