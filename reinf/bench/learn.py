@@ -105,8 +105,13 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
         raise BadInput(f"unknown baseline {unknown[0]!r}",
                        fix="--baselines takes a comma list of rated, sft, kto and bestofn, "
                            "or none")
+    if not plan.methods:
+        raise BadInput("there is no method to run: Reinf is skipped and no baseline is named",
+                       fix="name baselines with --baselines rated,sft,kto, or leave out "
+                           "--skip-reinf")
     if "bestofn" in plan.methods and "reinf" not in plan.methods:
-        raise BadInput("best-of-n reranks with Reinf's rating models, so Reinf must run too")
+        raise BadInput("best-of-n reranks with Reinf's rating models, so Reinf must run too",
+                       fix="leave bestofn out of --baselines, or leave out --skip-reinf")
     if plan.best_of < 2:
         raise BadInput(f"--best-of must be at least 2, got {plan.best_of} (best of 1 is the "
                        "base model)", fix="pass --best-of 4")

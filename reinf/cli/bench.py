@@ -104,11 +104,16 @@ def _threads(threads: int | None, config) -> int:
                    "this process).")
 @click.option("--keep", is_flag=True, default=PLAN["keep"],
               help="Keep each run's temporary data directory.")
+@click.option("--skip-reinf", is_flag=True,
+              help="Run only the --baselines (not bestofn, which reads Reinf's run): to spread "
+                   "one comparison over several processes or machines. The streams, the probe "
+                   "and its seeds are the same as in a run with Reinf, so the figures line up "
+                   "with Reinf's on the same seeds and device.")
 @json_option
 @click.pass_obj
 def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
           baselines, best_of, kto_lrs, window, target, probe, final_probe, heldout, threads,
-          plot_path, pairs_every, child, keep, as_json):
+          plot_path, pairs_every, child, keep, skip_reinf, as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
@@ -143,7 +148,8 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     _threads(threads, config)
     plan = LearnPlan(rater=rater, ratings=ratings, train_after=train_after or 0, seed=seed,
                      seeds=seeds, window=window, target=target, probe=probe,
-                     final_probe=final_probe, heldout=heldout, methods=("reinf", *chosen),
+                     final_probe=final_probe, heldout=heldout,
+                     methods=tuple(chosen) if skip_reinf else ("reinf", *chosen),
                      child=child, keep=keep, prompts=prompts_file, probe_prompts=probe_file,
                      pairs_every=pairs_every, best_of=best_of, kto_lrs=rates)
     report = run_learn(config, plan)

@@ -142,6 +142,27 @@ def test_learn_is_deterministic_and_takes_a_rater_file(invoke, tmp_path):
     assert [r["status"] for r in a["rounds"]] == ["succeeded", "succeeded"]
 
 
+def test_learn_skip_reinf_runs_a_baseline_alone_with_the_same_figures(invoke, tmp_path):
+    """--skip-reinf spreads one comparison over processes: a baseline run alone gives
+    exactly what it gives beside Reinf (same stream, probe and seeds)."""
+    args = ("--ratings", "6", "--train-after", "3", "--window", "3", "--probe", "2",
+            "--final-probe", "4", "--seeds", "1", "--baselines", "rated")
+    both, _ = run_learn(invoke, tmp_path, *args)
+    alone, _ = run_learn(invoke, tmp_path, *args, "--skip-reinf")
+    assert list(both["methods"]) == ["reinf", "rated"] and list(alone["methods"]) == ["rated"]
+    a, b = both["methods"]["rated"]["seeds"][0], alone["methods"]["rated"]["seeds"][0]
+    assert a["scores"] == b["scores"]
+    assert [p["probe_mean_rating"] for p in a["curve"]] == [
+        p["probe_mean_rating"] for p in b["curve"]]
+    assert alone["base"]["probe_mean_rating"] == both["base"]["probe_mean_rating"]
+    assert alone["goals"] == {}  # the goals are Reinf's
+    from reinf.bench.plot import format_table
+    assert "PPO on rated replies only" in format_table(alone)
+    for baselines, said in (("none", "no method to run"), ("bestofn", "Reinf must run too")):
+        result = invoke("bench", "learn", "--skip-reinf", "--baselines", baselines)
+        assert result.exit_code == 1 and said in result.output, result.output
+
+
 def test_learn_refuses_a_bad_rater_or_baseline_before_loading_anything(invoke):
     result = invoke("bench", "learn", "--rater", "prefers-nothing", "--baselines", "none")
     assert result.exit_code == 1 and "unknown rater" in result.output
