@@ -35,7 +35,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 
 from reinf.training.pairs import pairs_waiting
 
@@ -97,6 +99,22 @@ def run_job(trigger: str, *, force: bool, round_fn: Round, store, now: Callable[
     return result
 
 
+class _Aps(BackgroundScheduler):
+    """APScheduler's BackgroundScheduler, less one race at shutdown. ``shutdown()`` marks the
+    scheduler stopped before it takes the job-store lock, and a stopped scheduler's
+    ``remove_job`` looks only among jobs not yet added; so when a one-off job (``train``)
+    has just been handed to the worker, its thread's removal of it fails and that thread
+    dies with a traceback. Every job goes at shutdown anyway: that failure is ignored
+    there, and only there."""
+
+    def remove_job(self, job_id, jobstore=None):
+        try:
+            super().remove_job(job_id, jobstore)
+        except JobLookupError:
+            if self.state != STATE_STOPPED:
+                raise
+
+
 class Scheduler:
     """The training schedule of one server. ``round_fn(trigger, force)`` runs a round."""
 
@@ -112,7 +130,7 @@ class Scheduler:
         timeout = config.schedule.train_timeout_minutes * 60
         self.job_defaults = {"max_instances": 1, "coalesce": True,
                              "misfire_grace_time": int(timeout) + 300}
-        self._aps = BackgroundScheduler(
+        self._aps = _Aps(
             timezone=timezone.utc, executors={"default": ThreadPoolExecutor(max_workers=1)},
             job_defaults=self.job_defaults, logger=jobs_log)
         self._round = threading.Lock()   # held while a round runs

@@ -515,3 +515,54 @@ def test_run_job_is_the_job_boundary(store):
     skipped = run_job("interval", force=False, round_fn=crash, store=store, now=now,
                       min_waiting=1)
     assert skipped["status"] == "skipped" and "0 new rating" in skipped["message"]
+
+
+def test_a_one_off_job_ending_during_shutdown_leaves_no_traceback():
+    """APScheduler 3.x marks itself stopped before it takes the job-store lock, so a one-off
+    job handed to the worker just then cannot be removed by its thread: with the plain
+    BackgroundScheduler that thread dies with JobLookupError. Made to happen every time
+    here: the job's removal waits until shutdown has begun."""
+    import time
+
+    from apscheduler.jobstores.base import JobLookupError
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from reinf.daemon.scheduler import _Aps
+
+    def race(cls) -> list[BaseException]:
+        errors: list[BaseException] = []
+        stopping, ran = threading.Event(), threading.Event()
+
+        class Racing(cls):
+            def remove_job(self, job_id, jobstore=None):
+                if job_id == "once" and threading.current_thread() is self._thread:
+                    assert stopping.wait(10)
+                    while self.running:  # shutdown has marked it stopped
+                        time.sleep(0.01)
+                try:
+                    super().remove_job(job_id, jobstore)
+                except BaseException as exc:
+                    errors.append(exc)
+                    raise
+        aps = Racing(timezone=timezone.utc)
+        aps.start()
+        aps.add_job(ran.set, "date", run_date=datetime.now(timezone.utc), id="once")
+        assert ran.wait(10)
+        stopping.set()
+        aps.shutdown(wait=True)
+        return errors
+
+    died: list = []
+    hook, threading.excepthook = threading.excepthook, died.append  # the plain one's death
+    try:
+        plain = race(BackgroundScheduler)
+    finally:
+        threading.excepthook = hook
+    assert len(plain) == 1 and isinstance(plain[0], JobLookupError)  # the race is real
+    assert [d.exc_type for d in died] == [JobLookupError]
+    assert race(_Aps) == []
+    aps = _Aps(timezone=timezone.utc)
+    aps.start()
+    with pytest.raises(JobLookupError):  # while running, an unknown job is still an error
+        aps.remove_job("no-such-job")
+    aps.shutdown()
