@@ -3,7 +3,8 @@
 ``run_method`` is the loop of one run (``reinf.bench.learn.run_learn`` runs it for every method
 and seed): in a temporary data directory of its own (``build_context``), ``ChatService`` and
 ``Engine`` generate and store each turn (the messages before the next round in one batch,
-``next_replies``: the model can't change in between), the simulated rater's score is stored with
+``ChatService.send_many``, sized by ``before_round``: the model can't change in between), the
+simulated rater's score is stored with
 ``Store.rate``, ``reinf.daemon.scheduler.run_job`` trains as soon as ``train_after`` new
 ratings wait, through ``InlineRunner`` (``run_once`` in this process) or the daemon's
 ``ChildRunner`` (``--child``) or a baseline's runner (``reinf.bench.baselines``), and
@@ -39,7 +40,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 from reinf.bench.aggregate import curve_to_target, is_kto, kto_rate, ratings_to_target, value_at
 
@@ -180,7 +181,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         picks: Counter = Counter()
         last_round = 0
         stream = shared["prompt_plan"].streams[seed]
-        ready: list = []  # replies sampled ahead, up to the next round (see next_replies)
+        ready: list = []  # turns sampled ahead, up to the next round (see before_round)
         for i, prompt in enumerate(stream):
             n = i + 1
             t0 = time.perf_counter()
@@ -188,9 +189,10 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                 score, good, outcome = give_pair(ctx, rater, prompt, seed * 100_003 + i)
                 picks[outcome] += 1
             else:
-                if not ready:
+                if not ready:  # the model can't change before the next round: one batch
                     size = before_round(ctx, plan, k, n, last_round)
-                    ready = next_replies(ctx, stream, i, size, seed * 100_003 + i)
+                    ready = ctx.chat.send_many(list(stream[i:i + size]),
+                                               seed=seed * 100_003 + i)
                 turn = ready.pop(0)
                 score = rater(prompt, turn.reply)
                 ctx.store.rate(turn.id, score)
@@ -391,19 +393,13 @@ def run_bestofn(config, plan: LearnPlan, k: int, seed: int, shared: dict,
 def before_round(ctx: Context, plan: LearnPlan, k: int, n: int, last_round: int) -> int:
     """How many interactions from the nth on are ratings that come before the next round (at
     least 1): a round runs once ``k`` ratings wait, or, with pairs, after every ``k``
-    interactions; a pair (every ``pairs_every``th interaction) ends the stretch too."""
+    interactions; a pair (every ``pairs_every``th interaction) ends the stretch too. Their
+    replies can be sampled in one batch: they are the replies one-at-a-time sending would
+    draw from the same checkpoint (from another random stream)."""
     if not plan.pairs_every:
         return max(1, k - ctx.store.ratings_waiting())
     next_pair = (n // plan.pairs_every + 1) * plan.pairs_every
     return max(1, min(next_pair - n, last_round + k - n + 1))
-
-
-def next_replies(ctx: Context, stream: Sequence[str], i: int, size: int, seed: int) -> list:
-    """The served replies to messages ``i .. i + size - 1`` of ``stream``, sampled in one
-    batch (``ChatService.send_many``) and stored as turns. ``size`` from ``before_round``:
-    the model can't change before then, so they are the replies one-at-a-time sending
-    would draw from the same checkpoint (from another random stream)."""
-    return ctx.chat.send_many(list(stream[i:i + size]), seed=seed)
 
 
 def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, str]:

@@ -443,32 +443,39 @@ class Engine:
     def _decode_rows(self, stream: ReplyStream | None, prompts: list[list[int]], params: dict,
                      gen: torch.Generator, started: float) -> "_Rows":
         """Sample a reply to each of ``prompts`` in one batch, until every row ended or
-        ``stream`` (if any) was told to stop (``interrupted``: some row was still running)."""
+        ``stream`` (if any) was told to stop (``interrupted``: some row was still running).
+        The steps stay tensors until the end: one copy to the host per batch, none per token."""
         n, max_new = len(prompts), params["max_new_tokens"]
-        rows = _Rows(ids=[[] for _ in range(n)], logprobs=[[] for _ in range(n)],
-                     finish=["length"] * n)
+        tokens, logps, lives = [], [], []
+        ended = None
+        ttft_ms, interrupted = None, False
         steps = decode(self.model, prompts, temperature=params["temperature"],
                        top_p=params["top_p"], max_new_tokens=max_new, generator=gen,
                        eos_ids=self.eos_ids)
         while True:
-            if stream is not None and stream.stopped and any(
-                    f != "stop" and len(r) < max_new for f, r in zip(rows.finish, rows.ids)):
-                rows.interrupted = True
+            if stream is not None and stream.stopped and len(tokens) < max_new and (
+                    ended is None or not bool(ended.all())):
+                interrupted = True
                 break
             step = next(steps, None)  # one forward pass for every row's next token
             if step is None:
                 break
-            tokens, lps = step.tokens.tolist(), step.logprobs.tolist()
-            live, ended = step.live.tolist(), step.ended.tolist()
-            if rows.ttft_ms is None:
-                rows.ttft_ms = (time.perf_counter() - started) * 1000
-            for i in range(n):
-                if live[i]:
-                    rows.ids[i].append(int(tokens[i]))
-                    rows.logprobs[i].append(float(lps[i]))
-                    if ended[i]:
-                        rows.finish[i] = "stop"
+            if ttft_ms is None:
+                ttft_ms = (time.perf_counter() - started) * 1000
+            tokens.append(step.tokens)
+            logps.append(step.logprobs)
+            lives.append(step.live)
+            ended = step.ended if ended is None else ended | step.ended
         steps.close()
+        rows = _Rows(ids=[[] for _ in range(n)], logprobs=[[] for _ in range(n)],
+                     finish=["length"] * n, ttft_ms=ttft_ms, interrupted=interrupted)
+        if tokens:
+            ids = torch.stack(tokens, 1).tolist()                 # (n, steps)
+            lps = torch.stack(logps, 1).tolist()
+            lengths = torch.stack(lives, 1).sum(1).tolist()       # a row's tokens, EOS included
+            for i, (done, length) in enumerate(zip(ended.tolist(), lengths)):
+                rows.ids[i], rows.logprobs[i] = ids[i][:length], lps[i][:length]
+                rows.finish[i] = "stop" if done else "length"
         return rows
 
     def _text(self, reply_ids: list[int], finish: str) -> str:
