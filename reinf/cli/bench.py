@@ -1,5 +1,5 @@
-"""``reinf bench learn``, ``reinf bench rating-model`` and ``reinf bench speed``: benchmarks,
-not tests (docs/benchmarks.md).
+"""``reinf bench learn``, ``reinf bench rating-model``, ``reinf bench round`` and ``reinf bench
+speed``: benchmarks, not tests (docs/benchmarks.md).
 
 ``reinf bench learn``'s defaults are ``LearnPlan``'s (reinf.bench.learn), read here, never
 restated.
@@ -13,6 +13,7 @@ from reinf.bench.aggregate import lr_text
 from reinf.bench.learn import BASELINES, LearnPlan
 from reinf.bench.raters import NAMES, is_unseen
 from reinf.bench.rating_study import PLAN as STUDY
+from reinf.bench.round_study import PLAN as ROUND
 from reinf.bench.text_raters import TEXT_RATERS
 from reinf.cli.common import emit, json_option
 
@@ -245,14 +246,7 @@ def rating_model(app, raters, model_path, prompts, replies, ratings, draws, seed
     from reinf.bench.rating_study import format_study, run_rating_study
     from reinf.errors import BadInput
 
-    expanded = []  # `real` and `unseen` expanded; any other name load_rater checks
-    for name in (r.strip() for r in raters.split(",") if r.strip()):
-        if name == "real":
-            expanded += REAL_RATERS
-        elif name == "unseen":
-            expanded += [r for r in REAL_RATERS if is_unseen(r)]
-        else:
-            expanded.append(name)
+    expanded = _expand_raters(raters)
     try:
         counts = sorted({int(n) for n in ratings.split(",") if n.strip()})
     except ValueError:
@@ -264,10 +258,75 @@ def rating_model(app, raters, model_path, prompts, replies, ratings, draws, seed
     config = app.config
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _threads(threads, config)
-    report = run_rating_study(config, list(dict.fromkeys(expanded)), prompts=prompts,
+    report = run_rating_study(config, expanded, prompts=prompts,
                               replies=replies, ratings=counts, draws=draws, seed=seed,
                               pairs_every=pairs_every)
     emit(report, as_json, lambda r: click.echo(format_study(r)))
+
+
+def _expand_raters(raters: str) -> list[str]:
+    """A comma list of raters with `real` and `unseen` expanded, each once; any other name
+    is load_rater's to check."""
+    expanded = []
+    for name in (r.strip() for r in raters.split(",") if r.strip()):
+        if name == "real":
+            expanded += REAL_RATERS
+        elif name == "unseen":
+            expanded += [r for r in REAL_RATERS if is_unseen(r)]
+        else:
+            expanded.append(name)
+    return list(dict.fromkeys(expanded))
+
+
+@bench.command("round")
+@click.option("--rater", "raters", default="unseen", show_default=True,
+              help="Comma list of raters (as for `reinf bench rating-model`: a name, "
+                   "FILE.py:function, `real` or `unseen`).")
+@click.option("--arm", "arms", multiple=True,
+              help="A way to train the round: `rated` (the rated replies alone), `rollouts` "
+                   "(fresh rollouts whatever the rating model's consistency), or "
+                   "NAME:key=value,... (config overrides, e.g. "
+                   "r8:training.min_consistency=-1,training.rollouts_per_prompt=8). Repeat for several "
+                   "[default: rated and rollouts].")
+@click.option("--model", "model_path", default=None,
+              help="The model to train and judge [default: model_path].")
+@click.option("--ratings", type=click.IntRange(2), default=ROUND["ratings"], show_default=True,
+              help="Ratings before the round (training-side prompts, the model's replies).")
+@click.option("--prompts", type=click.IntRange(1), default=ROUND["prompts"], show_default=True,
+              help="Other training-side prompts whose replies judge the round.")
+@click.option("--replies", type=click.IntRange(2), default=ROUND["replies"], show_default=True,
+              help="Held-out replies sampled for each of those prompts.")
+@click.option("--seed", type=click.IntRange(0), default=ROUND["seed"], show_default=True,
+              help="Seed of the prompts and the sampling.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="torch CPU threads [default: schedule.train_threads, else torch's own].")
+@json_option
+@click.pass_obj
+def round_(app, raters, arms, model_path, ratings, prompts, replies, seed, threads, as_json):
+    """Which way one training round moves the model, in minutes instead of a learning run's hours.
+
+    For each rater and arm: --ratings replies of the model rated, one real round, then the
+    round's change in the log-probability of held-out replies (to other prompts, sampled
+    once) set against the rater's scores: the share of pairs of replies to one prompt whose
+    better reply the round made relatively more likely (0.50 = no direction), and the mean
+    rating the new policy would get, estimated by importance weighting. Progress goes to
+    stderr.
+    """
+    from reinf.bench.round_study import format_round_study, parse_arm, run_round_study
+    from reinf.errors import BadInput
+
+    chosen = [parse_arm(a) for a in (arms or ("rated", "rollouts"))]
+    names = [name for name, _ in chosen]
+    if len(set(names)) != len(names):
+        raise BadInput(f"arm names repeat: {', '.join(names)}",
+                       fix="give each --arm its own NAME")
+    app.override(model_path=model_path)
+    config = app.config
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _threads(threads, config)
+    report = run_round_study(config, _expand_raters(raters), chosen, ratings=ratings,
+                             prompts=prompts, replies=replies, seed=seed)
+    emit(report, as_json, lambda r: click.echo(format_round_study(r)))
 
 
 COMMANDS = [bench]

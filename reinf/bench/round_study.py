@@ -1,0 +1,292 @@
+"""``reinf bench round``: which way one training round moves the model, in minutes.
+
+A learning run (``reinf bench learn``) answers "did 48 ratings teach it?" after hours on a
+CPU, and its probe moves by about ±0.2 between seeds on its own, so a change to the method
+(the trust gate, the cold start, rollouts per prompt, the learning rate) needs many such
+runs to show. This measures one round instead, with the trainer's own code and far less
+noise, by asking how the round changed the probabilities of replies it never saw:
+
+1. **Held-out replies**, sampled once from the model as it is (no adapter): ``replies``
+   replies to each of ``prompts`` training-side prompts (the rollouts' sampler and
+   settings), scored by each rater. The probe prompts are never used.
+2. For each rater and each **arm** (a name and config overrides: ``rated`` trains on the
+   rated replies alone, ``rollouts`` on fresh rollouts whatever the rating model's
+   consistency): a data directory of its own, the same ``ratings`` other training-side
+   prompts answered by the model (``ChatService.send_many``, seeded, so every arm rates the
+   same replies) and rated by the rater, then one real round (``train_round``, forced, in
+   this process).
+3. The held-out replies scored with that round's adapter and without it. Per reply, the
+   round's log-ratio ``Δ = log π_new(reply) − log π_base(reply)`` (at the sampling
+   temperature), and from it:
+
+   - **pairwise**: of the pairs of replies to one prompt that the rater scores differently,
+     the share whose better reply the round made more likely relative to the worse one
+     (0.50: the round moved nothing the rater cares about);
+   - **estimated change**: the mean rating the new policy would get on those prompts minus
+     the base's, by self-normalised importance weighting of the base's own samples
+     (weights ``e^Δ`` within a prompt). It is an estimate, good while the round stays close
+     to the base; **ESS** (effective sample size over replies per prompt, 1.0 = all alike)
+     says how close.
+
+One round from the base after ``ratings`` ratings is the first step of a learning run, not
+its whole story: later rounds start from an adapter and a policy whose replies differ.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+#: What ``reinf bench round`` does when not told otherwise.
+PLAN = {"ratings": 32, "prompts": 32, "replies": 8, "seed": 0}
+
+#: The built-in arms: config overrides by public name (``Config.replace``).
+ARMS: dict[str, dict[str, Any]] = {
+    "rated": {"training.method": "rated"},
+    "rollouts": {"training.min_consistency": -1.0},
+}
+
+
+def parse_arm(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` (a built-in arm) or ``NAME:key=value,key=value``: config overrides by public
+    name, ``r8:training.min_consistency=-1,training.rollouts_per_prompt=8``. The values stay
+    text here; ``Config.replace`` reads and checks them as it reads environment variables."""
+    from reinf.errors import BadInput
+
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if not rest:
+        if name not in ARMS:
+            raise BadInput(f"unknown arm {name!r}",
+                           fix=f"use {' or '.join(ARMS)}, or NAME:key=value,... with config "
+                               "overrides (`reinf config` lists the keys)")
+        return name, dict(ARMS[name])
+    overrides: dict[str, Any] = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise BadInput(f"arm {spec!r}: {item!r} is not key=value",
+                           fix="write NAME:key=value,key=value, e.g. "
+                               "r8:training.min_consistency=-1,training.rollouts_per_prompt=8")
+        overrides[key.strip()] = value.strip()
+    return name or "arm", overrides
+
+
+def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dict[str, Any]]],
+                    *, ratings: int = PLAN["ratings"], prompts: int = PLAN["prompts"],
+                    replies: int = PLAN["replies"], seed: int = PLAN["seed"],
+                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The report (module docstring): ``{"model", ..., "raters": {name: {arm: figures}}}``."""
+    import torch
+
+    from reinf.bench.generation import machine
+    from reinf.bench.prompts import load_builtin, split_prompts, stream_prompts
+    from reinf.bench.raters import is_unseen, load_rater
+    from reinf.errors import BadInput
+    from reinf.model.modeling import build_prompt_ids, load_model
+    from reinf.training.rollouts import sample_rollouts
+
+    say = progress or (lambda text: print(f"[round] {text}", file=sys.stderr, flush=True))
+    train_side, _probe = split_prompts(load_builtin())
+    if ratings + prompts > len(train_side):
+        raise BadInput(f"--ratings + --prompts ({ratings + prompts}) exceed the "
+                       f"{len(train_side)} training-side prompts",
+                       fix="pass fewer --ratings or --prompts")
+    configs = {name: config.replace(**overrides) for name, overrides in arms}  # fail early
+    loaded_raters = {name: load_rater(name, seed=seed) for name in raters}
+    texts = stream_prompts(train_side, seed, ratings + prompts)
+    rated_texts, held_texts = texts[:ratings], texts[ratings:]
+
+    torch.manual_seed(seed)
+    loaded = load_model(config)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    g, t = config.generation, config.training
+    max_new = t.rollout_max_new_tokens or g.max_new_tokens
+    ids = [build_prompt_ids(tokenizer, [], text, max_history=0, max_context_tokens=0,
+                            max_new_tokens=max_new) for text in held_texts]
+    started = time.perf_counter()
+    say(f"sampling {prompts} held-out prompts × {replies} replies from {loaded.name}…")
+    held = [r for r in sample_rollouts(model, tokenizer, ids, replies, temperature=g.temperature,
+                                       top_p=g.top_p, max_new_tokens=max_new, seed=seed,
+                                       batch_size=t.rollout_batch_size)
+            if r.reply_ids]
+    report: dict[str, Any] = {
+        "model": loaded.name, "machine": machine(), "ratings": ratings, "prompts": prompts,
+        "replies_per_prompt": replies, "replies": len(held), "seed": seed,
+        "temperature": g.temperature, "max_new_tokens": max_new,
+        "arms": {name: overrides for name, overrides in arms},
+        "sample_seconds": round(time.perf_counter() - started, 1), "raters": {}}
+    for rater_name, rater in loaded_raters.items():
+        scores = [float(rater(held_texts[r.group], r.text)) for r in held]
+        out: dict[str, Any] = {"unseen": is_unseen(rater_name),
+                               "held_out_mean": round(statistics.fmean(scores), 3)}
+        for arm, arm_config in configs.items():
+            say(f"{rater_name}, arm {arm}: {ratings} ratings, one round…")
+            outcome, rated_mean = one_round(arm_config, rater, rated_texts, seed)
+            figures: dict[str, Any] = {"status": outcome.status,
+                                       "rated_mean": round(rated_mean, 3),
+                                       "seconds": round(outcome.seconds, 1)}
+            metrics = outcome.metrics or {}
+            for key in ("mode", "rating_model_consistency", "kl", "rollouts"):
+                if metrics.get(key) is not None:
+                    figures[key] = metrics[key]
+            if outcome.status == "succeeded":
+                deltas = round_deltas(model, held, outcome.checkpoint_path,
+                                      outcome.checkpoint_id, temperature=g.temperature,
+                                      batch_size=config.ppo.batch_size)
+                figures.update(judge_round(held, scores, deltas))
+            else:
+                figures["message"] = outcome.message
+            out[arm] = figures
+            say(f"{rater_name}, arm {arm}: {describe(figures)}")
+        report["raters"][rater_name] = out
+    return report
+
+
+class _Done:
+    """A round's outcome as the study reads it."""
+
+    def __init__(self, outcome, path: str | None):
+        self.status, self.message = outcome.status, outcome.message
+        self.metrics, self.seconds = outcome.metrics, outcome.seconds
+        self.checkpoint_id, self.checkpoint_path = outcome.checkpoint_id, path
+
+
+def one_round(config, rater, texts: Sequence[str], seed: int) -> tuple[_Done, float]:
+    """A fresh data directory: ``texts`` answered by the model and rated by ``rater``, then
+    one forced round in this process. The directory is removed afterwards; the round's
+    checkpoint is read before that."""
+    import shutil
+
+    from reinf.bench.harness import InlineRunner, link_pulled_model
+    from reinf.config import load_config, render_yaml
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.storage.store import Store
+
+    home = Path(tempfile.mkdtemp(prefix="reinf-bench-round-"))
+    keep = Path(tempfile.mkdtemp(prefix="reinf-bench-round-ckpt-"))
+    try:
+        link_pulled_model(config, home)
+        cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=0,
+                             train_interval_minutes=0.0, training_winrate_prompts=0)
+        (home / "config.yaml").write_text(render_yaml(cfg), encoding="utf-8")
+        cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
+        store = Store.open(cfg)
+        try:
+            engine = Engine.load(cfg)
+            turns = ChatService(engine, store, cfg).send_many(list(texts), seed=seed)
+            given = []
+            for text, turn in zip(texts, turns):
+                score = rater(text, turn.reply)
+                store.rate(turn.id, score)
+                given.append(score)
+            del engine
+            outcome = InlineRunner(cfg, store).run("manual", force=True)
+            path = None
+            if outcome.status == "succeeded" and outcome.checkpoint_id:
+                record = store.get_checkpoint(outcome.checkpoint_id)
+                path = str(keep / outcome.checkpoint_id)
+                shutil.copytree(record.path, path)
+        finally:
+            store.close()
+        return _Done(outcome, path), statistics.fmean(given)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def round_deltas(model, held, path: str, checkpoint_id: str, *, temperature: float,
+                 batch_size: int) -> list[float]:
+    """Per held-out reply, log π_new − log π_base over its tokens (the round's adapter on
+    ``model`` and off), at the sampling temperature. ``model`` is left as it was."""
+    import shutil
+
+    from reinf.model.adapters import load_adapter
+    from reinf.training.ppo import Policy, ValueHead, build_rollout, evaluate, update_mode
+
+    peft = load_adapter(model, Path(path), checkpoint_id)
+    try:
+        policy = Policy(peft, ValueHead(1))
+        b = build_rollout([(r.prompt_ids, r.reply_ids, r.logprobs, temperature, 0.0, 1.0)
+                           for r in held], next(model.parameters()).device)
+        with update_mode(peft):
+            new, _ = evaluate(policy, b, batch_size, values=False)
+            base, _ = evaluate(policy, b, batch_size, adapter=False, values=False)
+        return ((new - base) * b.mask).sum(1).tolist()
+    finally:
+        peft.unload()  # the LoRA layers out again: the next arm starts from the bare base
+        shutil.rmtree(Path(path).parent, ignore_errors=True)
+
+
+def judge_round(held, scores: Sequence[float], deltas: Sequence[float]) -> dict[str, Any]:
+    """Pairwise agreement of the round's log-ratios with the rater, and the importance-weighted
+    change of the mean rating (module docstring)."""
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(held):
+        groups.setdefault(r.group, []).append(i)
+    agree, total = 0.0, 0
+    changes, ess = [], []
+    for members in groups.values():
+        for a in range(len(members)):
+            for b in range(a + 1, len(members)):
+                i, j = members[a], members[b]
+                if scores[i] != scores[j]:  # a tie in Δ (no change) counts half
+                    total += 1
+                    moved = (deltas[i] - deltas[j]) * (scores[i] - scores[j])
+                    agree += 1.0 if moved > 0 else 0.5 if moved == 0 else 0.0
+        top = max(deltas[i] for i in members)
+        w = [math.exp(deltas[i] - top) for i in members]
+        new = sum(wi * scores[i] for wi, i in zip(w, members)) / sum(w)
+        changes.append(new - statistics.fmean(scores[i] for i in members))
+        ess.append(sum(w) ** 2 / sum(wi * wi for wi in w) / len(members))
+    return {"pairwise": round(agree / total, 3) if total else None, "pairs": total,
+            "estimated_change": round(statistics.fmean(changes), 4),
+            "ess": round(statistics.fmean(ess), 3),
+            "mean_abs_delta": round(statistics.fmean(abs(d) for d in deltas), 4)}
+
+
+def describe(f: dict[str, Any]) -> str:
+    if f["status"] != "succeeded":
+        return f"{f['status']}: {f.get('message', '')}"
+    return (f"{f.get('mode', '?')} round, pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
+            f"estimated change {f['estimated_change']:+.3f}, KL {f.get('kl', math.nan):.4f}, "
+            f"{f['seconds']:.0f} s")
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def format_round_study(report: dict) -> str:
+    """The text report: one line per rater and arm."""
+    lines = [f"reinf bench round: {report['model']}, one round after {report['ratings']} "
+             f"ratings; judged on {report['replies']} held-out replies to {report['prompts']} "
+             f"training-side prompts ({report['replies_per_prompt']} each, sampled in "
+             f"{report['sample_seconds']:.0f} s), seed {report['seed']}",
+             f"  machine: {report['machine']}", "",
+             f"  {'rater':<18} {'arm':<12} {'mode':<9} {'rm rho':>6} {'pairwise':>8} "
+             f"{'pairs':>5} {'est. change':>11} {'ESS':>5} {'KL':>7} {'seconds':>7}"]
+    for name, r in report["raters"].items():
+        label = name + ("" if r["unseen"] else " *")
+        for arm in report["arms"]:
+            f = r[arm]
+            if f["status"] != "succeeded":
+                lines.append(f"  {label:<18} {arm:<12} {f['status']}: {f.get('message', '')}")
+            else:
+                rho = f.get("rating_model_consistency")
+                lines.append(
+                    f"  {label:<18} {arm:<12} {f.get('mode', '?'):<9} {fmt(rho):>6} "
+                    f"{fmt(f['pairwise']):>8} {f['pairs']:>5} {f['estimated_change']:>+11.3f} "
+                    f"{f['ess']:>5.2f} {f.get('kl', math.nan):>7.4f} {f['seconds']:>7.0f}")
+            label = ""
+    lines += ["", "  pairwise: of the held-out pairs of replies to one prompt the rater scores "
+                  "differently, the share whose better reply the round made relatively more "
+                  "likely (0.50 = no direction); est. change: the new policy's mean rating "
+                  "on those prompts minus the base's, by importance weighting (ESS near 1: "
+                  "reliable); rm rho: the rating model's cross-validated Spearman (the trust "
+                  "gate's figure); * = a rater used to choose defaults"]
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""`reinf bench round` on the demo model, small: one real round per arm, judged on held-out
+replies; a round on a rating model that knows the rater moves them the rater's way."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import trainkit as tk
+
+pytestmark = pytest.mark.e2e
+restore_threads = pytest.fixture(autouse=True)(tk.threads_restored)
+
+
+def test_each_arm_is_one_real_round_judged_on_held_out_replies(invoke):
+    result = invoke("bench", "round", "--model", "reinf-demo", "--rater", "prefers-terse",
+                    "--ratings", "16", "--prompts", "8", "--replies", "4", "--arm", "rated",
+                    "--arm", "rollouts", "--arm", "slow:learning_rate=1e-9",
+                    "--arm", "again:training.min_consistency=-1", "--threads", "1",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ratings"] == 16 and report["prompts"] == 8
+    assert 0 < report["replies"] <= 32
+    assert list(report["arms"]) == ["rated", "rollouts", "slow", "again"]
+    r = report["raters"]["prefers-terse"]
+    assert r["unseen"] is False and 1 <= r["held_out_mean"] <= 5
+    for arm in report["arms"]:
+        assert r[arm]["status"] == "succeeded", r[arm]
+        assert 1 <= r[arm]["rated_mean"] <= 5
+    assert r["rated"]["mode"] == "rated"            # the arms train as they say
+    assert r["rollouts"]["mode"] == "rollouts" and r["rollouts"]["rollouts"] > 0
+    # The rating model learns terseness from 16 ratings; its rollout round makes the
+    # rater's better held-out replies likelier than its worse ones, and the estimated
+    # mean rating rises.
+    assert r["rollouts"]["pairwise"] > 0.5 and r["rollouts"]["estimated_change"] > 0
+    # An arm that cannot move the adapter moves nothing ...
+    assert r["slow"]["mean_abs_delta"] < 1e-3 < r["rollouts"]["mean_abs_delta"]
+    assert r["slow"]["ess"] > 0.999
+    # ... and each arm starts from, and is judged against, the bare base: the rollouts arm
+    # again, after two other arms' adapters came and went, gives the same figures.
+    for key in ("pairwise", "estimated_change", "mean_abs_delta", "rated_mean"):
+        assert r["again"][key] == pytest.approx(r["rollouts"][key], abs=1e-3), key
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--arm", "nobody"), "unknown arm 'nobody'"),
+    (("--arm", "x:learning_rate=abc"), "learning_rate"),
+    (("--arm", "rated", "--arm", "rated"), "arm names repeat"),
+    (("--ratings", "300"), "exceed the"),
+])
+def test_bad_input_is_one_line_with_the_fix(invoke, args, words):
+    result = invoke("bench", "round", "--model", "reinf-demo", "--rater", "prefers-terse", *args)
+    assert result.exit_code != 0
+    assert words in result.output and "Traceback" not in result.output

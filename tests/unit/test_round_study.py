@@ -1,0 +1,67 @@
+"""The one-round study's judge and arms (``reinf bench round``) on made-up log-ratios."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from reinf.bench.round_study import ARMS, judge_round, parse_arm
+from reinf.errors import BadInput
+
+# 3 prompts x 3 replies, scored 1, 3, 5 within each prompt
+HELD = [SimpleNamespace(group=g) for g in range(3) for _ in range(3)]
+SCORES = [1.0, 3.0, 5.0] * 3
+
+
+def test_a_round_that_favours_the_better_replies_agrees_and_gains():
+    f = judge_round(HELD, SCORES, [-0.5, 0.0, 0.5] * 3)
+    assert f["pairwise"] == 1.0 and f["pairs"] == 9
+    assert f["estimated_change"] > 0.5          # weights e^Δ tilt towards the 5s
+    assert 0.5 < f["ess"] < 1.0
+
+
+def test_a_round_against_them_disagrees_and_loses():
+    f = judge_round(HELD, SCORES, [0.5, 0.0, -0.5] * 3)
+    assert f["pairwise"] == 0.0 and f["estimated_change"] < -0.5
+
+
+def test_a_round_that_moved_nothing_is_no_direction():
+    f = judge_round(HELD, SCORES, [0.0] * 9)
+    assert f["pairwise"] == 0.5                 # ties count half
+    assert f["estimated_change"] == 0.0 and f["ess"] == 1.0
+    assert f["mean_abs_delta"] == 0.0
+
+
+def test_replies_the_rater_scores_alike_are_no_pairs():
+    f = judge_round(HELD, [4.0] * 9, [-0.5, 0.0, 0.5] * 3)
+    assert f["pairs"] == 0 and f["pairwise"] is None
+    assert math.isclose(f["estimated_change"], 0.0, abs_tol=1e-12)  # nothing to gain
+
+
+def test_only_pairs_within_a_prompt_count():
+    # the better prompt's replies all made likelier: no pair within a prompt differs in Δ
+    held = [SimpleNamespace(group=g) for g in (0, 0, 1, 1)]
+    f = judge_round(held, [1.0, 2.0, 4.0, 5.0], [0.0, 0.0, 1.0, 1.0])
+    assert f["pairs"] == 2 and f["pairwise"] == 0.5
+
+
+def test_arms_are_built_in_names_or_overrides():
+    assert parse_arm("rated") == ("rated", ARMS["rated"])
+    assert parse_arm("rollouts") == ("rollouts", {"training.min_consistency": -1.0})
+    name, overrides = parse_arm("r8:training.min_consistency=-1, training.rollouts_per_prompt=8,"
+                                "learning_rate=3e-3")
+    assert name == "r8"
+    assert overrides == {"training.min_consistency": "-1", "training.rollouts_per_prompt": "8",
+                         "learning_rate": "3e-3"}  # read and checked by Config.replace
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("nobody", "unknown arm 'nobody'"),
+    ("x:learning_rate", "is not key=value"),
+    ("x:=3", "is not key=value"),
+])
+def test_a_bad_arm_names_the_problem_and_the_fix(spec, words):
+    with pytest.raises(BadInput) as caught:
+        parse_arm(spec)
+    assert words in caught.value.message and caught.value.fix
