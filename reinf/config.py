@@ -157,8 +157,10 @@ class PPOConfig:
                             min=0.0)
     target_kl: float = setting(0.1, "stop a round early when approx_kl exceeds this; 0 = never",
                                min=0.0)
-    advantage: str = setting("rloo", "baseline of rollout rounds: rloo = leave-one-out over the "
-                                     "replies to one prompt; gae = value head + GAE",
+    advantage: str = setting("rloo", "baseline of every round: rloo = leave-one-out over the "
+                                     "replies to one prompt (a rated reply alone with its "
+                                     "prompt: over the other rated replies); gae = value "
+                                     "head + GAE",
                              choices=("rloo", "gae"))
     gamma: float = setting(1.0, "discount of GAE", min=0.0, max=1.0)
     lam: float = setting(0.95, "lambda of GAE", min=0.0, max=1.0)

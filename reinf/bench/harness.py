@@ -72,8 +72,10 @@ def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
 
     home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{method}-"))
     link_pulled_model(config, home)
-    # the first version's method: rated replies only, the KL penalty in the return only
-    extra = {"training_method": "rated", "kl_loss_coef": 0.0} if method == "rated" else {}
+    # the first version's method: rated replies only, GAE with the value head, the KL
+    # penalty in the return only
+    extra = {"training_method": "rated", "kl_loss_coef": 0.0, "advantage": "gae"} \
+        if method == "rated" else {}
     cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=k,
                          train_interval_minutes=0.0, **extra)
     # A config file in the data directory, so a child trainer (--child) sees these settings.

@@ -241,4 +241,5 @@ def settings_of(method: str, config, plan: LearnPlan | None = None) -> dict:
     if method in ("reinf", "rated"):
         out["training_method"] = "rated" if method == "rated" else config.training.method
         out["kl_loss_coef"] = 0.0 if method == "rated" else p.kl_loss_coef
+        out["advantage"] = "gae" if method == "rated" else p.advantage
     return out

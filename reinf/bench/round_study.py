@@ -252,7 +252,10 @@ def judge_round(held, scores: Sequence[float], deltas: Sequence[float]) -> dict[
 def describe(f: dict[str, Any]) -> str:
     if f["status"] != "succeeded":
         return f"{f['status']}: {f.get('message', '')}"
-    return (f"{f.get('mode', '?')} round, pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
+    rho = f.get("rating_model_consistency")
+    return (f"{f.get('mode', '?')} round"
+            + (f" (rating model's cross-validated Spearman {rho:.2f})" if rho is not None else "")
+            + f", pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
             f"estimated change {f['estimated_change']:+.3f}, KL {f.get('kl', math.nan):.4f}, "
             f"{f['seconds']:.0f} s")
 

@@ -6,8 +6,8 @@ A checkpoint lives in ``<data_dir>/checkpoints/<id>/`` and holds:
   ``PeftModel.from_pretrained(base, path)``; its ``base_model_name_or_path`` is the
   ``model_path`` setting as written (``reinf-demo``, a hub id), not this machine's path, so
   a checkpoint can be moved and shared (Reinf loads it onto a base it has already loaded);
-- ``value_head.safetensors``: the PPO value head, when the round trained it (GAE: cold-start
-  rounds, ``training.method: rated``, ``ppo.advantage: gae``); optional, since an RLOO round
+- ``value_head.safetensors``: the PPO value head, when the round trained it
+  (``ppo.advantage: gae``); optional, since an RLOO round
   neither reads nor trains it, and a round whose checkpoint has none starts a fresh (zero)
   head;
 - ``rating_model.safetensors``: the round's rating model (``reinf.training.rating_model``),

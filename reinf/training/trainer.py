@@ -14,13 +14,15 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    (``reinf.training.plan``, with ``reinf.training.rating_model`` and
    ``reinf.training.pairs``); its cross-validated Spearman decides the mode: ``rollouts``
    once it is trustworthy, else ``rated`` (the cold start, and ``training.method: rated``):
-   PPO on the rated replies alone, as the first version did;
+   PPO on the rated replies alone, as the first version did (with RLOO's baseline under
+   ``ppo.advantage: rloo``, the default: the other rated replies; GAE as then under ``gae``);
 3. in rollout mode, samples fresh replies from the current adapter for a few prompts
    (``reinf.training.plan``, through ``reinf.training.rollouts``), scores them with the
    rating model and the person's reward mapper, and keeps the person's rated replies to the
    same prompts, with their real score, in the batch;
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
-   (``ppo.advantage: rloo``) or the value head with GAE;
+   (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
+   replies) or the value head with GAE;
 5. the promotion gate (``reinf.training.promotion``): a round with NaN, whose KL per reply
    token to the base exceeds ``kl_max``, or whose perplexity on the person's well-rated
    replies rose more than ``training.max_perplexity_increase`` over the base, is
@@ -44,7 +46,6 @@ around a round (arguments, progress, the exit code and the JSON result line) is
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
@@ -172,8 +173,10 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             config, session, plan.rating_model, samples, episodes, now=now,
             seed=config.ppo.seed + counters["round"], report=report)
         round_metrics.update(rollout_metrics)
-    else:
-        hp = dataclasses.replace(hp, advantage="gae")  # the value head, as the first version
+    elif hp.advantage == "rloo":
+        # A rated round's baseline under RLOO: the other rated replies to the same prompt
+        # (a regenerated and rated one), else the mean of every other rated reply.
+        groups = prompt_groups(episodes)
     device = session.loaded.device
     b = build_rollout(episodes, device, groups=groups)
     session.reward_stats.update(b.rewards)
@@ -260,6 +263,12 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                        f"round {counters['round']} ({plan.mode}): checkpoint {ckpt_id} is "
                        f"active ({len(b)} samples, reward_mean {metrics['reward_mean']:.3f}, "
                        f"kl {metrics['kl']:.4f}/token, {metrics['seconds']:.1f} s)")
+
+
+def prompt_groups(episodes) -> list[int]:
+    """One group id per episode, shared by the episodes with the same prompt."""
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(tuple(e[0]), len(ids)) for e in episodes]
 
 
 def optimizer_state(policy, optimizer, *, value_head: bool) -> dict[str, Any]:

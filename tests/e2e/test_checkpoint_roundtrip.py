@@ -29,7 +29,8 @@ def model_dir(tmp_path_factory):
 
 
 def test_round_trip_logits_value_head_and_state(home, model_dir, monkeypatch):
-    config = tk.train_config(home, model_dir)
+    # a GAE round: the one kind whose checkpoint carries a value head
+    config = tk.train_config(home, model_dir).replace(advantage="gae")
     store = Store.open(config)
     tk.add_rated_turns(store, tk.load_policy(model_dir), 8, seed=0)
     written = {}

@@ -195,15 +195,46 @@ def test_cold_start_trains_on_rated_replies_and_says_why(config, store):
     rate_demo_turns(config, store, 5)
     result = train_round(config, store)
     assert result.status == "succeeded"
-    assert result.metrics["mode"] == "rated" and result.metrics["advantage"] == "gae"
+    # RLOO, as ppo.advantage says: each rated reply against the others (no value head)
+    assert result.metrics["mode"] == "rated" and result.metrics["advantage"] == "rloo"
     assert "cold start" in result.metrics["mode_reason"]
     assert "5 of the 8 ratings" in result.metrics["mode_reason"]
     training = collect_status(config, store)["training"]
     assert training["last_mode"] == "rated" and "cold start" in training["last_mode_reason"]
 
 
+def test_a_cold_start_on_ratings_all_alike_moves_nothing(config, store):
+    """Equal ratings say nothing about which reply is better. Under RLOO every rated reply's
+    advantage is then 0, so a first round leaves its fresh adapter exactly where it began;
+    GAE's fresh value head would still move it (its advantages differ token by token)."""
+    from pathlib import Path
+
+    from reinf.demo.corpus import sample_prompts
+    from reinf.model.adapters import read_adapter
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.training.trainer import train_round
+
+    chat = ChatService(Engine.load(config), store, config)
+    for i, prompt in enumerate(sample_prompts(0, 5)):
+        store.rate(chat.send(prompt, seed=i).id, 1)
+
+    def lora_b(result):
+        _, weights = read_adapter(Path(store.get_checkpoint(result.checkpoint_id).path),
+                                  result.checkpoint_id)
+        return [w for name, w in weights.items() if "lora_B" in name]
+
+    rloo = train_round(config, store)
+    assert rloo.metrics["advantage"] == "rloo" and rloo.metrics["mode"] == "rated"
+    assert all(not w.any() for w in lora_b(rloo))   # B starts at 0 and stayed there
+    gae = train_round(config.replace(advantage="gae"), store, force=True)
+    assert gae.metrics["advantage"] == "gae"
+    assert any(w.any() for w in lora_b(gae))
+
+
 def test_only_rounds_that_train_the_value_head_keep_it(config, store):
-    """A cold start (GAE) trains the value head: its checkpoint keeps it, and the round
+    """A GAE round (here a cold start with ``ppo.advantage: gae``) trains the value head:
+    its checkpoint keeps it, and the round
     reports its value loss and explained variance. An RLOO rollout round neither reads nor
     trains it: its checkpoint has no value head file and no optimizer moments for one, the
     round reports both figures as nan (null), and the next round starts a fresh (zero)
@@ -216,7 +247,7 @@ def test_only_rounds_that_train_the_value_head_keep_it(config, store):
     from reinf.training.trainer import train_round
 
     rate_demo_turns(config, store, 5)
-    cold = train_round(config, store)
+    cold = train_round(config.replace(advantage="gae"), store)
     assert cold.metrics["mode"] == "rated" and cold.metrics["advantage"] == "gae"
     assert math.isfinite(cold.metrics["value_loss"]) and cold.metrics["value_loss"] > 0
     assert math.isfinite(cold.metrics["explained_variance"])
