@@ -120,6 +120,15 @@ def test_rloo_episode_alone_in_its_group_gets_the_mean_of_the_others():
     close(adv, [[1.0]])  # a batch of one has no one to compare with
 
 
+def test_a_rated_round_groups_its_replies_by_prompt():
+    """The cold start under RLOO: two rated replies to one prompt (regenerated, both rated)
+    are each other's baseline; a reply alone with its prompt gets every other one's mean."""
+    from reinf.training.trainer import prompt_groups
+
+    episodes = [([1, 2], [5]), ([3], [6]), ([1, 2], [7]), ([1], [8])]
+    assert prompt_groups(episodes) == [0, 1, 0, 2]
+
+
 def test_hyper_from_config_keeps_defaults_for_fields_the_config_lacks():
     from types import SimpleNamespace
 
