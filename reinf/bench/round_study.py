@@ -266,23 +266,25 @@ def fmt(value: float | None) -> str:
 
 def format_round_study(report: dict) -> str:
     """The text report: one line per rater and arm."""
+    width = max([5] + [len(name) + 2 for name in report["raters"]])
     lines = [f"reinf bench round: {report['model']}, one round after {report['ratings']} "
              f"ratings; judged on {report['replies']} held-out replies to {report['prompts']} "
              f"training-side prompts ({report['replies_per_prompt']} each, sampled in "
              f"{report['sample_seconds']:.0f} s), seed {report['seed']}",
              f"  machine: {report['machine']}", "",
-             f"  {'rater':<18} {'arm':<12} {'mode':<9} {'rm rho':>6} {'pairwise':>8} "
+             f"  {'rater':<{width}} {'arm':<12} {'mode':<9} {'rm rho':>6} {'pairwise':>8} "
              f"{'pairs':>5} {'est. change':>11} {'ESS':>5} {'KL':>7} {'seconds':>7}"]
     for name, r in report["raters"].items():
         label = name + ("" if r["unseen"] else " *")
         for arm in report["arms"]:
             f = r[arm]
             if f["status"] != "succeeded":
-                lines.append(f"  {label:<18} {arm:<12} {f['status']}: {f.get('message', '')}")
+                lines.append(f"  {label:<{width}} {arm:<12} {f['status']}: "
+                             f"{f.get('message', '')}")
             else:
                 rho = f.get("rating_model_consistency")
                 lines.append(
-                    f"  {label:<18} {arm:<12} {f.get('mode', '?'):<9} {fmt(rho):>6} "
+                    f"  {label:<{width}} {arm:<12} {f.get('mode', '?'):<9} {fmt(rho):>6} "
                     f"{fmt(f['pairwise']):>8} {f['pairs']:>5} {f['estimated_change']:>+11.3f} "
                     f"{f['ess']:>5.2f} {f.get('kl', math.nan):>7.4f} {f['seconds']:>7.0f}")
             label = ""

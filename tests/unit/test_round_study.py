@@ -65,3 +65,23 @@ def test_a_bad_arm_names_the_problem_and_the_fix(spec, words):
     with pytest.raises(BadInput) as caught:
         parse_arm(spec)
     assert words in caught.value.message and caught.value.fix
+
+
+def test_the_text_report_has_a_line_per_rater_and_arm_in_columns():
+    from reinf.bench.round_study import format_round_study
+
+    ok = {"status": "succeeded", "mode": "rollouts", "rating_model_consistency": 0.41,
+          "pairwise": 0.77, "pairs": 236, "estimated_change": 0.083, "ess": 0.97,
+          "kl": 0.0109, "seconds": 198.0}
+    report = {"model": "m", "ratings": 32, "replies": 256, "prompts": 32,
+              "replies_per_prompt": 8, "sample_seconds": 300.0, "seed": 0, "machine": "vm",
+              "arms": {"rollouts": {}, "rated": {}},
+              "raters": {"a-rather-long-rater-name": {"unseen": True, "rollouts": ok,
+                                                       "rated": {"status": "failed",
+                                                                 "message": "boom"}}}}
+    lines = format_round_study(report).splitlines()
+    header = next(line for line in lines if "pairwise" in line and "arm" in line)
+    row = next(line for line in lines if "a-rather-long-rater-name" in line)
+    assert row.index("rollouts") == header.index("arm")   # the long name does not shift it
+    assert "0.77" in row and "+0.083" in row and "0.41" in row
+    assert any("rated" in line and "failed: boom" in line for line in lines)
