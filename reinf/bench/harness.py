@@ -64,23 +64,31 @@ class Context:
     rounds: list[dict] = field(default_factory=list)
 
 
+def bench_home(config, name: str, **overrides) -> tuple[Path, Any]:
+    """A temporary data directory of a run's own and its config: ``config`` with
+    ``overrides``, no timer rounds, the named model linked in. The config is written to
+    the directory's config.yaml, so a child trainer (--child) sees these settings, and read
+    back from it."""
+    from reinf.config import load_config, render_yaml
+
+    home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{name}-"))
+    link_pulled_model(config, home)
+    cfg = config.replace(data_dir=str(home), db_url=None, train_interval_minutes=0.0,
+                         **overrides)
+    (home / "config.yaml").write_text(render_yaml(cfg), encoding="utf-8")
+    return home, load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
+
+
 def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
     from reinf.serving.chat import ChatService
-    from reinf.config import load_config, render_yaml
     from reinf.serving.engine import Engine
     from reinf.storage.store import Store
 
-    home = Path(tempfile.mkdtemp(prefix=f"reinf-bench-{method}-"))
-    link_pulled_model(config, home)
     # the first version's method: rated replies only, GAE with the value head, the KL
     # penalty in the return only
     extra = {"training_method": "rated", "kl_loss_coef": 0.0, "advantage": "gae"} \
         if method == "rated" else {}
-    cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=k,
-                         train_interval_minutes=0.0, **extra)
-    # A config file in the data directory, so a child trainer (--child) sees these settings.
-    (home / "config.yaml").write_text(render_yaml(cfg), encoding="utf-8")
-    cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
+    home, cfg = bench_home(config, method, train_after_ratings=k, **extra)
     store = Store.open(cfg)
     engine = Engine.load(cfg)
     if method == "bestofn":

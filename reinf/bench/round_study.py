@@ -33,10 +33,10 @@ its whole story: later rounds start from an adapter and a policy whose replies d
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -126,89 +126,68 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                                "held_out_mean": round(statistics.fmean(scores), 3)}
         for arm, arm_config in configs.items():
             say(f"{rater_name}, arm {arm}: {ratings} ratings, one round…")
-            outcome, rated_mean = one_round(arm_config, rater, rated_texts, seed)
-            figures: dict[str, Any] = {"status": outcome.status,
-                                       "rated_mean": round(rated_mean, 3),
-                                       "seconds": round(outcome.seconds, 1)}
-            metrics = outcome.metrics or {}
-            for key in ("mode", "rating_model_consistency", "kl", "rollouts"):
-                if metrics.get(key) is not None:
-                    figures[key] = metrics[key]
-            if outcome.status == "succeeded":
-                deltas = round_deltas(model, held, outcome.checkpoint_path,
-                                      outcome.checkpoint_id, temperature=g.temperature,
-                                      batch_size=config.ppo.batch_size)
-                figures.update(judge_round(held, scores, deltas))
-            else:
-                figures["message"] = outcome.message
+            with one_round(arm_config, rater, rated_texts, seed) as (outcome, path, given):
+                figures: dict[str, Any] = {"status": outcome.status,
+                                           "rated_mean": round(given, 3),
+                                           "seconds": round(outcome.seconds, 1)}
+                metrics = outcome.metrics or {}
+                for key in ("mode", "rating_model_consistency", "kl", "rollouts"):
+                    if metrics.get(key) is not None:
+                        figures[key] = metrics[key]
+                if path is not None:
+                    deltas = round_deltas(model, held, path, outcome.checkpoint_id,
+                                          temperature=g.temperature,
+                                          batch_size=config.ppo.batch_size)
+                    figures.update(judge_round(held, scores, deltas))
+                else:
+                    figures["message"] = outcome.message
             out[arm] = figures
             say(f"{rater_name}, arm {arm}: {describe(figures)}")
         report["raters"][rater_name] = out
     return report
 
 
-class _Done:
-    """A round's outcome as the study reads it."""
-
-    def __init__(self, outcome, path: str | None):
-        self.status, self.message = outcome.status, outcome.message
-        self.metrics, self.seconds = outcome.metrics, outcome.seconds
-        self.checkpoint_id, self.checkpoint_path = outcome.checkpoint_id, path
-
-
-def one_round(config, rater, texts: Sequence[str], seed: int) -> tuple[_Done, float]:
-    """A fresh data directory: ``texts`` answered by the model and rated by ``rater``, then
-    one forced round in this process. The directory is removed afterwards; the round's
-    checkpoint is read before that."""
+@contextlib.contextmanager
+def one_round(config, rater, texts: Sequence[str], seed: int):
+    """A fresh data directory (``reinf.bench.harness.bench_home``): ``texts`` answered by the
+    model and rated by ``rater``, then one forced round in this process. Yields the round's
+    outcome, its checkpoint's directory (None unless it succeeded) and the mean rating
+    given; the directory is removed on leaving."""
     import shutil
 
-    from reinf.bench.harness import InlineRunner, link_pulled_model
-    from reinf.config import load_config, render_yaml
+    from reinf.bench.harness import InlineRunner, bench_home
     from reinf.serving.chat import ChatService
     from reinf.serving.engine import Engine
     from reinf.storage.store import Store
 
-    home = Path(tempfile.mkdtemp(prefix="reinf-bench-round-"))
-    keep = Path(tempfile.mkdtemp(prefix="reinf-bench-round-ckpt-"))
+    home, cfg = bench_home(config, "round", train_after_ratings=0,
+                           training_winrate_prompts=0)
     try:
-        link_pulled_model(config, home)
-        cfg = config.replace(data_dir=str(home), db_url=None, train_after_ratings=0,
-                             train_interval_minutes=0.0, training_winrate_prompts=0)
-        (home / "config.yaml").write_text(render_yaml(cfg), encoding="utf-8")
-        cfg = load_config(home / "config.yaml", environ={"REINF_HOME": str(home)})
         store = Store.open(cfg)
         try:
-            engine = Engine.load(cfg)
-            turns = ChatService(engine, store, cfg).send_many(list(texts), seed=seed)
-            given = []
-            for text, turn in zip(texts, turns):
-                score = rater(text, turn.reply)
+            turns = ChatService(Engine.load(cfg), store, cfg).send_many(list(texts), seed=seed)
+            given = [rater(text, turn.reply) for text, turn in zip(texts, turns)]
+            for turn, score in zip(turns, given):
                 store.rate(turn.id, score)
-                given.append(score)
-            del engine
             outcome = InlineRunner(cfg, store).run("manual", force=True)
             path = None
             if outcome.status == "succeeded" and outcome.checkpoint_id:
-                record = store.get_checkpoint(outcome.checkpoint_id)
-                path = str(keep / outcome.checkpoint_id)
-                shutil.copytree(record.path, path)
+                path = Path(store.get_checkpoint(outcome.checkpoint_id).path)
         finally:
             store.close()
-        return _Done(outcome, path), statistics.fmean(given)
+        yield outcome, path, statistics.fmean(given)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def round_deltas(model, held, path: str, checkpoint_id: str, *, temperature: float,
+def round_deltas(model, held, path: Path, checkpoint_id: str, *, temperature: float,
                  batch_size: int) -> list[float]:
     """Per held-out reply, log π_new − log π_base over its tokens (the round's adapter on
     ``model`` and off), at the sampling temperature. ``model`` is left as it was."""
-    import shutil
-
     from reinf.model.adapters import load_adapter
     from reinf.training.ppo import Policy, ValueHead, build_rollout, evaluate, update_mode
 
-    peft = load_adapter(model, Path(path), checkpoint_id)
+    peft = load_adapter(model, path, checkpoint_id)
     try:
         policy = Policy(peft, ValueHead(1))
         b = build_rollout([(r.prompt_ids, r.reply_ids, r.logprobs, temperature, 0.0, 1.0)
@@ -219,7 +198,6 @@ def round_deltas(model, held, path: str, checkpoint_id: str, *, temperature: flo
         return ((new - base) * b.mask).sum(1).tolist()
     finally:
         peft.unload()  # the LoRA layers out again: the next arm starts from the bare base
-        shutil.rmtree(Path(path).parent, ignore_errors=True)
 
 
 def judge_round(held, scores: Sequence[float], deltas: Sequence[float]) -> dict[str, Any]:
