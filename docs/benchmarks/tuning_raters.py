@@ -1,4 +1,4 @@
-"""Two file raters that were used to choose the defaults (kl_loss_coef, RLOO): tuning
+"""File raters used to choose the defaults (kl_loss_coef, RLOO) and the rating model: tuning
 data, so never reported as unseen (reinf.bench.raters.TUNED_ON). Run with
 ``--rater docs/benchmarks/tuning_raters.py:length_graded``."""
 
@@ -50,3 +50,29 @@ def plain_words(prompt, reply):
         return 1
     mean = sum(len(w) for w in words) / len(words)
     return 5 if mean <= 4.2 else 4 if mean <= 4.6 else 3 if mean <= 5.0 else 2 if mean <= 5.4 else 1
+
+
+# Two raters whose rule depends on the kind of prompt, written to choose how the rating model
+# sees the prompt (reinf bench rating-model) without reading the unseen context-length rater:
+# tuning data too (TUNED_ON).
+
+_ADVICE = ("how do", "how can", "how should", "should i", "any tips", "tips", "advice", "help me",
+           "what should", "can i", "how to")
+_COUNTING = ("how many", "how much", "how long", "how old", "how far", "what year", "when ",
+             "what is", "what's")
+
+
+def you_for_advice(prompt, reply):
+    """Advice and how-to prompts: likes replies that speak to the reader ('you' twice or more
+    5, none 1). Any other prompt: the opposite (none 5, twice or more 1)."""
+    n = sum(w.lower() in ("you", "your", "you're", "yours", "yourself") for w in _words(reply))
+    level = 5 if n >= 2 else 3 if n == 1 else 1
+    return level if any(k in prompt.lower() for k in _ADVICE) else 6 - level
+
+
+def numbers_when_counting(prompt, reply):
+    """Prompts that ask for a quantity or a fact: likes figures (two or more numbers 5, none 1).
+    Any other prompt: likes words, not figures (no number 5, two or more 1)."""
+    n = sum(any(c.isdigit() for c in w) for w in reply.split())
+    level = 5 if n >= 2 else 3 if n == 1 else 1
+    return level if any(k in prompt.lower() for k in _COUNTING) else 6 - level

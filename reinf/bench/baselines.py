@@ -82,14 +82,14 @@ KTO_EFFECTIVE_BATCH = 16       # ... and an effective batch of 16 to 128
 CANDIDATE_SEED_STEP = 100_000  # candidate c of probe block b is sampled with seed + c * this + b
 
 
-def check_trl() -> str:
-    """TRL's version, or a ReinfError saying how to install the bench extra."""
+def check_trl(instead: str = "run with --baselines sft or none") -> str:
+    """TRL's version, or a ReinfError saying how to install the bench extra (or ``instead``)."""
     try:  # the bench extra: an optional dependency, looked for when asked
         import datasets  # noqa: F401
         import trl
     except ImportError as exc:
         raise ReinfError(f"the KTO baseline needs TRL and datasets ({exc.name} is missing)",
-                         fix=f"{BENCH_EXTRA}, or run with --baselines sft or none") from None
+                         fix=f"{BENCH_EXTRA}, or {instead}") from None
     return trl.__version__
 
 

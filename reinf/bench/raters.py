@@ -53,13 +53,15 @@ SLIP = 0.1    # the noisy-graded rater is off by one 10% of the time
 # no_bang_q are the two in docs/benchmarks/tuning_raters.py, named as --rater names them.
 # length-graded and formal: the real model's settings sweep on a GPU (learning rate, epochs,
 # KL penalty, rollouts, LoRA targets; docs/benchmarks.md, "On a GPU") read their probe and
-# chose smollm2-135m's GPU round (catalog.KnownModel.gpu_settings). The last four file raters
-# were written to choose the rating model's features (reinf bench rating-model).
+# chose smollm2-135m's GPU round (catalog.KnownModel.gpu_settings). The last six file raters
+# were written to choose the rating model's features and how it sees the prompt (reinf bench
+# rating-model).
 TUNED_ON = ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
             "dislikes-questions", "tuning_raters.py:length_graded", "tuning_raters.py:no_bang_q",
             "length-graded", "formal", "tuning_raters.py:second_person",
             "tuning_raters.py:short_sentences", "tuning_raters.py:with_numbers",
-            "tuning_raters.py:plain_words")
+            "tuning_raters.py:plain_words", "tuning_raters.py:you_for_advice",
+            "tuning_raters.py:numbers_when_counting")
 # rate with a tuned rater's rule, so they are not unseen either
 # (casual is 6 minus formal's rating: to the rating model, the same task mirrored)
 DERIVED = {"noisy": "prefers-terse", "noisy-graded": "length-graded", "casual": "formal"}

@@ -11,10 +11,11 @@ noise, by asking how the round changed the probabilities of replies it never saw
    settings), scored by each rater. The probe prompts are never used.
 2. For each rater and each **arm** (a name and config overrides: ``rated`` trains on the
    rated replies alone, ``rollouts`` on fresh rollouts whatever the rating model's
-   consistency): a data directory of its own, the same ``ratings`` other training-side
-   prompts answered by the model (``ChatService.send_many``, seeded, so every arm rates the
-   same replies) and rated by the rater, then one real round (``train_round``, forced, in
-   this process).
+   consistency, ``rated-v1`` is the first version's method; ``sft``, ``kto`` and ``kto@LR``
+   are the baselines of ``reinf bench learn``, ``reinf.bench.baselines``): a data directory
+   of its own, the same ``ratings`` other training-side prompts answered by the model
+   (``ChatService.send_many``, seeded, so every arm rates the same replies) and rated by the
+   rater, then one real round (``train_round`` or the baseline's, forced, in this process).
 3. The held-out replies scored with that round's adapter and without it. Per reply, the
    round's log-ratio ``Δ = log π_new(reply) − log π_base(reply)`` (at the sampling
    temperature), and from it:
@@ -44,26 +45,39 @@ from typing import Any, Callable, Sequence
 #: What ``reinf bench round`` does when not told otherwise.
 PLAN = {"ratings": 32, "prompts": 32, "replies": 8, "seed": 0}
 
-#: The built-in arms: config overrides by public name (``Config.replace``).
+#: The built-in arms: config overrides by public name (``Config.replace``), and the bench's
+#: own keys (BENCH_KEYS). ``kto@LR`` is KTO at learning rate LR, one point of the sweep
+#: ``reinf bench learn --kto-lr`` runs.
 ARMS: dict[str, dict[str, Any]] = {
     "rated": {"training.method": "rated"},
     "rollouts": {"training.min_consistency": -1.0},
+    # the first version's method, as `reinf bench learn`'s rated baseline runs it
+    "rated-v1": {"training.method": "rated", "kl_loss_coef": 0.0, "advantage": "gae"},
+    "sft": {"baseline": "sft"},
+    "kto": {"baseline": "kto"},
 }
+#: Arm keys that are not config settings: ``baseline`` (``sft`` or ``kto``: the round is
+#: ``reinf.bench.baselines``' instead of the trainer's) and ``kto_lr`` (KTO's learning rate;
+#: TRL's recommended 5e-6 when not given).
+BENCH_KEYS = ("baseline", "kto_lr")
 
 
 def parse_arm(spec: str) -> tuple[str, dict[str, Any]]:
-    """``NAME`` (a built-in arm) or ``NAME:key=value,key=value``: config overrides by public
-    name, ``r8:training.min_consistency=-1,training.rollouts_per_prompt=8``. The values stay
-    text here; ``Config.replace`` reads and checks them as it reads environment variables."""
+    """``NAME`` (a built-in arm, or ``kto@LR``) or ``NAME:key=value,key=value``: config
+    overrides by public name, ``r8:training.min_consistency=-1,training.rollouts_per_prompt=8``,
+    and the bench's own keys (BENCH_KEYS). The config values stay text here;
+    ``Config.replace`` reads and checks them as it reads environment variables."""
     from reinf.errors import BadInput
 
     name, _, rest = spec.partition(":")
     name = name.strip()
     if not rest:
+        if name.startswith("kto@"):
+            return name, check_bench_keys(name, {"baseline": "kto", "kto_lr": name[4:]})
         if name not in ARMS:
             raise BadInput(f"unknown arm {name!r}",
-                           fix=f"use {' or '.join(ARMS)}, or NAME:key=value,... with config "
-                               "overrides (`reinf config` lists the keys)")
+                           fix=f"use {', '.join(ARMS)}, kto@LR, or NAME:key=value,... with "
+                               "config overrides (`reinf config` lists the keys)")
         return name, dict(ARMS[name])
     overrides: dict[str, Any] = {}
     for item in rest.split(","):
@@ -73,7 +87,35 @@ def parse_arm(spec: str) -> tuple[str, dict[str, Any]]:
                            fix="write NAME:key=value,key=value, e.g. "
                                "r8:training.min_consistency=-1,training.rollouts_per_prompt=8")
         overrides[key.strip()] = value.strip()
-    return name or "arm", overrides
+    return name or "arm", check_bench_keys(spec, overrides)
+
+
+def check_bench_keys(spec: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with ``kto_lr`` read as a number; a clear error for a bad baseline or
+    rate. The config keys are left to ``Config.replace``."""
+    from reinf.errors import BadInput
+
+    baseline = overrides.get("baseline")
+    if baseline is not None and baseline not in ("sft", "kto"):
+        raise BadInput(f"arm {spec!r}: baseline must be sft or kto, not {baseline!r}",
+                       fix="write baseline=sft or baseline=kto")
+    if "kto_lr" in overrides:
+        try:
+            rate = float(overrides["kto_lr"])
+        except ValueError:
+            rate = math.nan
+        if not 0 < rate < 1 or baseline != "kto":
+            raise BadInput(f"arm {spec!r}: kto_lr needs baseline=kto and a learning rate "
+                           f"between 0 and 1, got {overrides['kto_lr']!r}",
+                           fix="write kto@1e-4, or NAME:baseline=kto,kto_lr=1e-4")
+        overrides = {**overrides, "kto_lr": rate}
+    return overrides
+
+
+def split_arm(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config overrides, bench keys) of an arm."""
+    return ({k: v for k, v in overrides.items() if k not in BENCH_KEYS},
+            {k: v for k, v in overrides.items() if k in BENCH_KEYS})
 
 
 def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dict[str, Any]]],
@@ -96,7 +138,11 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
         raise BadInput(f"--ratings + --prompts ({ratings + prompts}) exceed the "
                        f"{len(train_side)} training-side prompts",
                        fix="pass fewer --ratings or --prompts")
-    configs = {name: config.replace(**overrides) for name, overrides in arms}  # fail early
+    configs = {name: (config.replace(**split_arm(overrides)[0]), split_arm(overrides)[1])
+               for name, overrides in arms}  # fail early
+    if any(keys.get("baseline") == "kto" for _, keys in configs.values()):
+        from reinf.bench.baselines import check_trl
+        check_trl(instead="leave out the KTO arms")
     loaded_raters = {name: load_rater(name, seed=seed) for name in raters}
     texts = stream_prompts(train_side, seed, ratings + prompts)
     rated_texts, held_texts = texts[:ratings], texts[ratings:]
@@ -124,13 +170,16 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
         scores = [float(rater(held_texts[r.group], r.text)) for r in held]
         out: dict[str, Any] = {"unseen": is_unseen(rater_name),
                                "held_out_mean": round(statistics.fmean(scores), 3)}
-        for arm, arm_config in configs.items():
+        for arm, (arm_config, bench_keys) in configs.items():
             say(f"{rater_name}, arm {arm}: {ratings} ratings, one round…")
-            with one_round(arm_config, rater, rated_texts, seed) as (outcome, path, given):
+            with one_round(arm_config, rater, rated_texts, seed,
+                           **bench_keys) as (outcome, path, given):
                 figures: dict[str, Any] = {"status": outcome.status,
                                            "rated_mean": round(given, 3),
                                            "seconds": round(outcome.seconds, 1)}
                 metrics = outcome.metrics or {}
+                if bench_keys.get("baseline"):
+                    figures["mode"] = bench_keys["baseline"]
                 for key in ("mode", "rating_model_consistency", "kl", "rollouts"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
@@ -148,11 +197,13 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
 
 
 @contextlib.contextmanager
-def one_round(config, rater, texts: Sequence[str], seed: int):
+def one_round(config, rater, texts: Sequence[str], seed: int, *, baseline: str | None = None,
+              kto_lr: float | None = None):
     """A fresh data directory (``reinf.bench.harness.bench_home``): ``texts`` answered by the
-    model and rated by ``rater``, then one forced round in this process. Yields the round's
-    outcome, its checkpoint's directory (None unless it succeeded) and the mean rating
-    given; the directory is removed on leaving."""
+    model and rated by ``rater``, then one forced round in this process: the trainer's, or
+    with ``baseline`` (``sft``, ``kto``) that baseline's (``reinf.bench.baselines``). Yields
+    the round's outcome, its checkpoint's directory (None unless it succeeded) and the mean
+    rating given; the directory is removed on leaving."""
     import shutil
 
     from reinf.bench.harness import InlineRunner, bench_home
@@ -169,7 +220,12 @@ def one_round(config, rater, texts: Sequence[str], seed: int):
             given = [rater(text, turn.reply) for text, turn in zip(texts, turns)]
             for turn, score in zip(turns, given):
                 store.rate(turn.id, score)
-            outcome = InlineRunner(cfg, store).run("manual", force=True)
+            if baseline:
+                from reinf.bench.baselines import BaselineRunner
+                runner = BaselineRunner(baseline, cfg, store, learning_rate=kto_lr)
+            else:
+                runner = InlineRunner(cfg, store)
+            outcome = runner.run("manual", force=True)
             path = None
             if outcome.status == "succeeded" and outcome.checkpoint_id:
                 path = Path(store.get_checkpoint(outcome.checkpoint_id).path)
@@ -234,8 +290,13 @@ def describe(f: dict[str, Any]) -> str:
     return (f"{f.get('mode', '?')} round"
             + (f" (rating model's cross-validated Spearman {rho:.2f})" if rho is not None else "")
             + f", pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
-            f"estimated change {f['estimated_change']:+.3f}, KL {f.get('kl', math.nan):.4f}, "
+            f"estimated change {f['estimated_change']:+.3f}, KL {kl_text(f.get('kl'))}, "
             f"{f['seconds']:.0f} s")
+
+
+def kl_text(kl: float | None) -> str:
+    """A round's KL to the base, or "-" for the baselines, which do not report one."""
+    return "-" if kl is None else f"{kl:.4f}"
 
 
 def fmt(value: float | None) -> str:
@@ -264,7 +325,7 @@ def format_round_study(report: dict) -> str:
                 lines.append(
                     f"  {label:<{width}} {arm:<12} {f.get('mode', '?'):<9} {fmt(rho):>6} "
                     f"{fmt(f['pairwise']):>8} {f['pairs']:>5} {f['estimated_change']:>+11.3f} "
-                    f"{f['ess']:>5.2f} {f.get('kl', math.nan):>7.4f} {f['seconds']:>7.0f}")
+                    f"{f['ess']:>5.2f} {kl_text(f.get('kl')):>7} {f['seconds']:>7.0f}")
             label = ""
     lines += ["", "  pairwise: of the held-out pairs of replies to one prompt the rater scores "
                   "differently, the share whose better reply the round made relatively more "

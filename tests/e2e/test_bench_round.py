@@ -42,11 +42,29 @@ def test_each_arm_is_one_real_round_judged_on_held_out_replies(invoke):
         assert r["again"][key] == pytest.approx(r["rollouts"][key], abs=1e-3), key
 
 
+def test_the_baselines_and_the_first_version_are_arms_on_the_same_ratings(invoke):
+    result = invoke("bench", "round", "--model", "reinf-demo", "--rater", "prefers-terse",
+                    "--ratings", "16", "--prompts", "8", "--replies", "4", "--arm", "sft",
+                    "--arm", "kto@1e-3", "--arm", "kto", "--arm", "rated-v1", "--threads", "1",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.stdout)["raters"]["prefers-terse"]
+    for arm in ("sft", "kto@1e-3", "kto", "rated-v1"):
+        assert r[arm]["status"] == "succeeded", r[arm]
+    assert r["sft"]["rated_mean"] == r["kto"]["rated_mean"]  # the same replies, rated alike
+    assert (r["sft"]["mode"], r["kto"]["mode"], r["rated-v1"]["mode"]) == ("sft", "kto", "rated")
+    # SFT imitates the replies rated 4-5 (terse ones): the terser held-out replies gain.
+    assert r["sft"]["pairwise"] > 0.5 and r["sft"]["estimated_change"] > 0
+    # KTO at TRL's 5e-6 barely moves a LoRA adapter; at 1e-3 it moves it far more.
+    assert r["kto"]["mean_abs_delta"] < r["kto@1e-3"]["mean_abs_delta"]
+
+
 @pytest.mark.parametrize("args, words", [
     (("--arm", "nobody"), "unknown arm 'nobody'"),
     (("--arm", "x:learning_rate=abc"), "learning_rate"),
     (("--arm", "rated", "--arm", "rated"), "arm names repeat"),
     (("--ratings", "300"), "exceed the"),
+    (("--arm", "kto@fast"), "kto_lr needs baseline=kto"),
 ])
 def test_bad_input_is_one_line_with_the_fix(invoke, args, words):
     result = invoke("bench", "round", "--model", "reinf-demo", "--rater", "prefers-terse", *args)

@@ -42,7 +42,7 @@ def test_new_raters_are_unseen_and_the_tuning_raters_are_not():
         assert not load_rater(name).unseen, name
     tuned = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
     for function in ("length_graded", "no_bang_q", "second_person", "short_sentences",
-                     "with_numbers", "plain_words"):
+                     "with_numbers", "plain_words", "you_for_advice", "numbers_when_counting"):
         rater = load_rater(f"{tuned}:{function}")
         assert rater.name in TUNED_ON and not rater.unseen
         assert 1 <= rater("How?", "You can do it: 2 steps, 3 minutes. Short words.") <= 5
@@ -244,3 +244,15 @@ def test_a_file_raters_preferred_may_take_the_prompt(tmp_path):
     rater = load_rater(str(path))
     assert rater.unseen and rater.is_preferred("say hi back", 3, prompt="hi")
     assert not rater.is_preferred("hello", 3, prompt="hi")
+
+
+def test_the_prompt_dependent_tuning_raters_want_opposite_things_for_two_kinds_of_prompt():
+    tuned = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
+    advice = load_rater(f"{tuned}:you_for_advice")
+    spoken = "You can start small: your first week sets the habit."
+    assert advice("How do I start running?", spoken) == 5
+    assert advice("Write a haiku about rain.", spoken) == 1
+    counting = load_rater(f"{tuned}:numbers_when_counting")
+    figures = "About 8 minutes, or 480 seconds."
+    assert counting("How long does light take to reach Earth?", figures) == 5
+    assert counting("Write a haiku about rain.", figures) == 1

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reinf.bench.round_study import ARMS, judge_round, parse_arm
+from reinf.bench.round_study import ARMS, judge_round, parse_arm, split_arm
 from reinf.errors import BadInput
 
 # 3 prompts x 3 replies, scored 1, 3, 5 within each prompt
@@ -56,10 +56,25 @@ def test_arms_are_built_in_names_or_overrides():
                          "learning_rate": "3e-3"}  # read and checked by Config.replace
 
 
+def test_the_baselines_are_arms_with_bench_keys_kept_apart_from_the_config():
+    assert parse_arm("sft") == ("sft", {"baseline": "sft"})
+    assert parse_arm("kto@1e-4") == ("kto@1e-4", {"baseline": "kto", "kto_lr": 1e-4})
+    name, overrides = parse_arm("k:baseline=kto,kto_lr=3e-3,lora.r=4")
+    assert (name, overrides) == ("k", {"baseline": "kto", "kto_lr": 3e-3, "lora.r": "4"})
+    assert split_arm(overrides) == ({"lora.r": "4"}, {"baseline": "kto", "kto_lr": 3e-3})
+    # the first version's method, as `reinf bench learn` runs its rated baseline
+    assert ARMS["rated-v1"] == {"training.method": "rated", "kl_loss_coef": 0.0,
+                                "advantage": "gae"}
+
+
 @pytest.mark.parametrize("spec, words", [
     ("nobody", "unknown arm 'nobody'"),
     ("x:learning_rate", "is not key=value"),
     ("x:=3", "is not key=value"),
+    ("kto@fast", "kto_lr needs baseline=kto and a learning rate"),
+    ("kto@2", "between 0 and 1"),
+    ("x:baseline=sft,kto_lr=1e-4", "kto_lr needs baseline=kto"),
+    ("x:baseline=dpo", "baseline must be sft or kto"),
 ])
 def test_a_bad_arm_names_the_problem_and_the_fix(spec, words):
     with pytest.raises(BadInput) as caught:
