@@ -2,6 +2,7 @@
 replies; a round on a rating model that knows the rater moves them the rater's way."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -42,6 +43,8 @@ def test_each_arm_is_one_real_round_judged_on_held_out_replies(invoke):
         assert r["again"][key] == pytest.approx(r["rollouts"][key], abs=1e-3), key
 
 
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None,
+                    reason="the KTO arms need TRL (the bench extra)")
 def test_the_baselines_and_the_first_version_are_arms_on_the_same_ratings(invoke):
     result = invoke("bench", "round", "--model", "reinf-demo", "--rater", "prefers-terse",
                     "--ratings", "16", "--prompts", "8", "--replies", "4", "--arm", "sft",
