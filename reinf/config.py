@@ -112,8 +112,9 @@ class GenerationConfig:
 class LoraConfig:
     r: int = setting(8, "LoRA rank", min=1, max=1024)
     alpha: int = setting(16, "LoRA scaling numerator (scale = alpha / r)", min=1)
-    dropout: float = setting(0.05, "LoRA dropout; PPO turns it off in every pass, so only the "
-                                   "bench baselines (SFT, KTO) use it", min=0.0, max=0.9)
+    dropout: float = setting(0.05, "LoRA dropout; PPO and the bench's SFT baseline turn it off in "
+                                   "every pass, so only the bench's KTO baseline (TRL) uses it",
+                             min=0.0, max=0.9)
     target_modules: list[str] | str = setting(
         "auto", "layers that get adapters: auto = the attention projections of the loaded "
                 "model, all-linear, or a list of names (q_proj, v_proj)",

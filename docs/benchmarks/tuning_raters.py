@@ -16,7 +16,8 @@ def no_bang_q(prompt, reply):
 
 
 # Four raters over real text, written to choose the rating model's features (reinf bench
-# rating-model) without reading the unseen raters: tuning data too (TUNED_ON).
+# rating-model) without reading the unseen raters: tuning data too (TUNED_ON). Two more,
+# prompt-dependent, at the end of the file.
 
 def _words(reply):
     return [w.strip(".,;:!?()[]\"'*`") for w in reply.split() if w.strip(".,;:!?()[]\"'*`")]

@@ -11,7 +11,7 @@ the preferred style and 1 to any other, so the mean rating of a window is
 | --- | --- | --- |
 | prefers-terse | terse replies (body of at most 15 words) | chatty ones |
 | prefers-chatty | chatty replies | terse ones |
-| prefers-bullets | bulleted replies (a line starting "- ") | plain ones |
+| prefers-bullets | bulleted replies (a line starting "- ", "* " or "• ") | plain ones |
 | prefers-plain | plain replies | bulleted ones |
 | dislikes-questions | replies that do not end with "?" | replies ending with a closing question |
 | noisy | as prefers-terse, but 20% of its ratings are flipped (5 <-> 1), seeded | |

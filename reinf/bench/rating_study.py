@@ -73,13 +73,16 @@ def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prom
         raise BadInput(f"--prompts ({prompts}) must exceed the largest --ratings ({biggest}): "
                        "the rating model is judged on the prompts it was not fitted on",
                        fix=f"pass --prompts {biggest * 2} or smaller --ratings")
+    train_side, _probe = split_prompts(load_builtin())
+    if prompts > len(train_side):  # beyond, the stream repeats texts on both sides
+        raise BadInput(f"--prompts ({prompts}) exceeds the {len(train_side)} training-side "
+                       "prompts", fix=f"pass --prompts {len(train_side)} or fewer")
     loaded_raters = {name: load_rater(name, seed=seed) for name in raters}  # fail before loading
     torch.manual_seed(seed)
     loaded = load_model(config)
     model, tokenizer = loaded.model, loaded.tokenizer
     gen_cfg, train_cfg = config.generation, config.training
     max_new = train_cfg.rollout_max_new_tokens or gen_cfg.max_new_tokens
-    train_side, _probe = split_prompts(load_builtin())
     texts = stream_prompts(train_side, seed, prompts)
     ids = [build_prompt_ids(tokenizer, [], t, max_history=0, max_context_tokens=0,
                             max_new_tokens=max_new) for t in texts]

@@ -13,8 +13,9 @@ runs of letters and digits; code blocks do not count as prose.
   ("Here's ..."), 5 when the first sentence answers.
 - ``formal``: contractions, slang and emoji per 100 words: 5 for none, 4, 3, 2 up to 2, 5
   and 10, 1 beyond. ``casual`` is its mirror (6 minus formal's rating).
-- ``gives-example``: 5 for "for example", "e.g.", "for instance" (a code block, for a code
-  prompt), 3 for "such as" (inline code or an example phrase, for a code prompt), 1 for none.
+- ``gives-example``: 5 for "for example", "e.g.", "for instance", 4 for a code block, 3 for
+  "such as", 1 for none; for a code prompt, 5 for a code block, 3 for inline code or an
+  example phrase, 2 for "such as", 1 for none.
 - ``arithmetic``: for an a + b, a - b or a * b prompt (parsed from its text), 5 when the
   reply states the right number, 1 a wrong one, 2 none; any other prompt a neutral 3.
 - ``context-length``: a question of fact (``classify_prompt``, the rater's own rules) 5 up to

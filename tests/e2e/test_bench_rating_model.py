@@ -39,6 +39,7 @@ def test_the_study_reports_each_rater_by_number_of_ratings(invoke):
     (("--ratings", "8,20", "--prompts", "12"), "must exceed the largest --ratings (20)"),
     (("--ratings", "eight"), "--ratings takes a comma list"),
     (("--rater", "nobody"), "unknown rater 'nobody'"),
+    (("--prompts", "400"), "training-side prompts"),  # more would repeat texts on both sides
 ])
 def test_bad_input_is_one_line_with_the_fix(invoke, args, words):
     result = invoke("bench", "rating-model", "--model", "reinf-demo", *args)
