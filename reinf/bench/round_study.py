@@ -290,8 +290,8 @@ def describe(f: dict[str, Any]) -> str:
     return (f"{f.get('mode', '?')} round"
             + (f" (rating model's cross-validated Spearman {rho:.2f})" if rho is not None else "")
             + f", pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
-            f"estimated change {f['estimated_change']:+.3f}, KL {kl_text(f.get('kl'))}, "
-            f"{f['seconds']:.0f} s")
+            f"estimated change {f['estimated_change']:+.3f} (ESS {f['ess']:.2f}), mean |Δ| "
+            f"{f['mean_abs_delta']:.3f}, KL {kl_text(f.get('kl'))}, {f['seconds']:.0f} s")
 
 
 def kl_text(kl: float | None) -> str:
