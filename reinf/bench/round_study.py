@@ -138,8 +138,10 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
         raise BadInput(f"--ratings + --prompts ({ratings + prompts}) exceed the "
                        f"{len(train_side)} training-side prompts",
                        fix="pass fewer --ratings or --prompts")
-    configs = {name: (config.replace(**split_arm(overrides)[0]), split_arm(overrides)[1])
-               for name, overrides in arms}  # fail early
+    configs = {}  # (config, bench keys) by arm; built first, so a bad override fails early
+    for name, overrides in arms:
+        settings, keys = split_arm(overrides)
+        configs[name] = (config.replace(**settings), keys)
     if any(keys.get("baseline") == "kto" for _, keys in configs.values()):
         from reinf.bench.baselines import check_trl
         check_trl(instead="leave out the KTO arms")
