@@ -243,3 +243,80 @@ def settings_of(method: str, config, plan: LearnPlan | None = None) -> dict:
         out["kl_loss_coef"] = 0.0 if method == "rated" else p.kl_loss_coef
         out["advantage"] = "gae" if method == "rated" else p.advantage
     return out
+
+
+# --- one comparison from several runs (--merge) --------------------------------------------
+
+# What must match for runs to be one comparison: the same rater, schedule and probe (so the
+# same streams and probe replies), the same model and Reinf configuration.
+MERGE_SAME = ("ratings", "train_after", "window", "target", "probe", "final_probe", "heldout",
+              "pairs_every", "prompts", "probe_prompts")
+
+
+def merge_reports(reports: list[tuple[str, dict]]) -> dict:
+    """One report from the ``--json`` reports of runs that split one comparison over
+    processes or machines (``--seed S --seeds 1``, ``--skip-reinf --baselines ...``,
+    ``--kto-lr LR``): every method's seeds pooled, its figures and the goals taken again.
+    ``reports`` are (name, report) pairs, the name for errors. Refuses runs that are not one
+    comparison (another rater, schedule, probe, model, base or Reinf configuration) and a
+    method's seed given twice."""
+    if not reports:
+        raise BadInput("--merge needs at least one report", fix="pass --merge FILE.json")
+    for name, r in reports:
+        if not isinstance(r, dict) or r.get("benchmark") != "learn" or "methods" not in r:
+            raise BadInput(f"{name} is not a report of `reinf bench learn --json`",
+                           fix="pass the JSON that `reinf bench learn --json` printed")
+    first_name, first = reports[0]
+
+    def differ(what: str, get: Callable[[dict], Any]) -> None:
+        for name, r in reports[1:]:
+            if get(r) != get(first):
+                raise BadInput(f"{name} and {first_name} are not one comparison: their {what} "
+                               f"differ ({get(r)!r} against {get(first)!r})",
+                               fix="merge only runs of the same command but for --seed, "
+                                   "--seeds, --baselines, --kto-lr and --skip-reinf")
+
+    differ("raters", lambda r: r["rater"]["name"])
+    for key in MERGE_SAME:
+        differ(f"--{key.replace('_', '-')}", lambda r, key=key: r["plan"].get(key))
+    differ("models' sizes", lambda r: r["model"].get("parameters"))
+    differ("configurations", lambda r: r["config"])
+    differ("base models' probe means",
+           lambda r: (round(r["base"]["probe_mean_rating"], 6),
+                      round(r["base_curve"]["probe_mean_rating"], 6)))
+    # KTO alone in a report is "kto"; beside other rates it is "kto@<rate>"
+    rates = sorted({kto_rate(m, r["plan"]["kto_lrs"]) for _, r in reports
+                    for m in r["methods"] if is_kto(m)})
+    runs: dict[str, list[dict]] = {}
+    about: dict[str, dict] = {}
+    sources: dict[tuple[str, int], str] = {}
+    for name, r in reports:
+        for m, entry in r["methods"].items():
+            key = kto_key(kto_rate(m, r["plan"]["kto_lrs"]), len(rates) > 1) if is_kto(m) else m
+            about.setdefault(key, {k: v for k, v in entry.items()
+                                   if k in ("label", "settings", "cost")})
+            for run in entry["seeds"]:
+                if (key, run["seed"]) in sources:
+                    raise BadInput(f"seed {run['seed']} of {key} is in both "
+                                   f"{sources[key, run['seed']]} and {name}",
+                                   fix="merge each method's seed once")
+                sources[key, run["seed"]] = name
+                runs.setdefault(key, []).append(run)
+    order = ["reinf", "rated", "sft", *(kto_key(lr, len(rates) > 1) for lr in rates), "bestofn"]
+    keys = [k for k in order if k in runs] + [k for k in runs if k not in order]
+    seeds = sorted({run["seed"] for rs in runs.values() for run in rs})
+    plan_dict = {**first["plan"], "seed": seeds[0], "seeds": len(seeds), "kto_lrs": rates
+                 or first["plan"]["kto_lrs"], "methods": [m for m in keys if not is_kto(m)]
+                 + (["kto"] if rates else [])}
+    plan = LearnPlan(**{k: v for k, v in plan_dict.items()
+                        if k in LearnPlan.__dataclass_fields__ and k not in ("methods",
+                                                                             "kto_lrs")})
+    methods = {m: {**about[m], **summarize_method(sorted(runs[m], key=lambda x: x["seed"]),
+                                                   plan, first["base"])} for m in keys}
+    machines = list(dict.fromkeys(r["machine"] for _, r in reports))
+    report = {**first, "plan": plan_dict, "seeds": seeds, "machine": "; ".join(machines),
+              "methods": methods, "seconds": sum(r["seconds"] for _, r in reports),
+              "merged_from": [name for name, _ in reports]}
+    report.pop("plot", None)
+    report["goals"] = check_goals(report)
+    return report

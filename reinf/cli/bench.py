@@ -110,11 +110,16 @@ def _threads(threads: int | None, config) -> int:
                    "one comparison over several processes or machines. The streams, the probe "
                    "and its seeds are the same as in a run with Reinf, so the figures line up "
                    "with Reinf's on the same seeds and device.")
+@click.option("--merge", "merge_files", multiple=True, type=click.Path(dir_okay=False),
+              metavar="FILE",
+              help="Run nothing: pool the --json reports of runs that split one comparison "
+                   "(by --seed, --baselines, --kto-lr, --skip-reinf) into one report, "
+                   "figures and goals taken again over every seed (repeat for each file).")
 @json_option
-@click.pass_obj
-def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
+@click.pass_context
+def learn(ctx, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
           baselines, best_of, kto_lrs, window, target, probe, final_probe, heldout, threads,
-          plot_path, pairs_every, child, keep, skip_reinf, as_json):
+          plot_path, pairs_every, child, keep, skip_reinf, merge_files, as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
@@ -126,9 +131,55 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     share there give the ratings to reach --target (first, and held to the end). Also
     reports the live windows, KL to the base, perplexity on the demo corpus's held-out
     slice, the rating model's Spearman and each round's mode. Progress goes to stderr.
+    --merge pools the reports of runs that split one comparison into one.
     """
-    from reinf.bench.learn import format_prompts, run_learn
+    from reinf.bench.learn import format_prompts
     from reinf.bench.plot import format_table, save_plot
+
+    if merge_files:
+        report = _merged(ctx, merge_files)
+    else:
+        report = _run_learn(ctx.obj, rater, prompts_file, probe_file, ratings, train_after,
+                            seed, seeds, model_path, baselines, best_of, kto_lrs, window,
+                            target, probe, final_probe, heldout, threads, pairs_every, child,
+                            keep, skip_reinf)
+    report["plot"] = str(save_plot(report, plot_path))
+    emit(report, as_json, lambda r: click.echo(
+        f"{format_table(r)}\n\n{format_prompts(r)}\nplot: {r['plot']}"))
+
+
+def _merged(ctx, files) -> dict:
+    """``bench learn --merge``: the reports read, checked and pooled (merge_reports)."""
+    import json
+
+    from reinf.bench.learn import merge_reports
+    from reinf.errors import BadInput
+
+    running = [f"--{name.replace('_', '-')}" for name, value in ctx.params.items()
+               if name not in ("merge_files", "plot_path", "as_json")
+               and ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if running:
+        raise BadInput(f"--merge runs nothing, so {', '.join(running)} would do nothing",
+                       fix="leave them out; the merged runs' own settings are in their reports")
+    reports = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                reports.append((path, json.load(f)))
+        except OSError as e:
+            raise BadInput(f"cannot read {path}: {e.strerror or e}",
+                           fix="pass the files `reinf bench learn --json` wrote") from None
+        except ValueError as e:
+            raise BadInput(f"{path} is not JSON ({e})",
+                           fix="pass the JSON that `reinf bench learn --json` printed "
+                               "(a run cut off before its end prints nothing)") from None
+    return merge_reports(reports)
+
+
+def _run_learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds,
+               model_path, baselines, best_of, kto_lrs, window, target, probe, final_probe,
+               heldout, threads, pairs_every, child, keep, skip_reinf) -> dict:
+    from reinf.bench.learn import run_learn
     from reinf.errors import BadInput
 
     chosen = list(dict.fromkeys(b.strip() for b in baselines.split(",")
@@ -153,10 +204,7 @@ def learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seed
                      methods=tuple(chosen) if skip_reinf else ("reinf", *chosen),
                      child=child, keep=keep, prompts=prompts_file, probe_prompts=probe_file,
                      pairs_every=pairs_every, best_of=best_of, kto_lrs=rates)
-    report = run_learn(config, plan)
-    report["plot"] = str(save_plot(report, plot_path))
-    emit(report, as_json, lambda r: click.echo(
-        f"{format_table(r)}\n\n{format_prompts(r)}\nplot: {r['plot']}"))
+    return run_learn(config, plan)
 
 
 @bench.command()

@@ -163,6 +163,48 @@ def test_learn_skip_reinf_runs_a_baseline_alone_with_the_same_figures(invoke, tm
         assert result.exit_code == 1 and said in result.output, result.output
 
 
+def test_learn_merge_makes_one_comparison_of_runs_in_separate_processes(invoke, tmp_path):
+    """Seeds and baselines run apart (--seed, --skip-reinf) and --merge pools their JSON into
+    the report one process running everything would have given."""
+    args = ("--ratings", "6", "--train-after", "3", "--window", "3", "--probe", "2",
+            "--final-probe", "4")
+    whole, _ = run_learn(invoke, tmp_path, *args, "--seeds", "2", "--baselines", "sft")
+    files = []
+    for i, extra in enumerate([("--seed", "0", "--baselines", "none"),
+                               ("--seed", "1", "--baselines", "none"),
+                               ("--seeds", "2", "--skip-reinf", "--baselines", "sft")]):
+        part, _ = run_learn(invoke, tmp_path, *args, "--seeds", "1", *extra)
+        files += ["--merge", tmp_path / f"part{i}.json"]
+        files[-1].write_text(json.dumps(part))
+    plot = tmp_path / "merged.png"
+    result = invoke("bench", "learn", *files, "--json", "--plot", plot)
+    assert result.exit_code == 0, result.output
+    merged = json.loads(result.stdout)
+    assert list(merged["methods"]) == ["reinf", "sft"] and merged["seeds"] == [0, 1]
+    for m in ("reinf", "sft"):
+        a, b = merged["methods"][m], whole["methods"][m]
+        assert [r["scores"] for r in a["seeds"]] == [r["scores"] for r in b["seeds"]]
+        assert [p["probe_mean_rating"] for p in a["curve"]] == [
+            p["probe_mean_rating"] for p in b["curve"]]
+        assert a["summary"]["final_probe_mean_rating"]["mean"] == pytest.approx(
+            b["summary"]["final_probe_mean_rating"]["mean"])
+    assert set(merged["goals"]) == set(whole["goals"]) and plot.is_file()
+    text = invoke("bench", "learn", *files, "--plot", plot)
+    assert text.exit_code == 0 and "reward-weighted SFT" in text.output
+    # what --merge cannot use is refused, with the fix
+    result = invoke("bench", "learn", *files, "--rater", "prefers-chatty")
+    assert result.exit_code == 1 and "--merge runs nothing, so --rater" in result.output
+    result = invoke("bench", "learn", *files[:4], "--plot", plot)   # seeds 0 and 1: fine
+    assert result.exit_code == 0, result.output
+    result = invoke("bench", "learn", *files[:2], *files[:2])
+    assert result.exit_code == 1 and "seed 0 of reinf is in both" in result.output
+    cut = tmp_path / "cut.json"
+    cut.write_text("")                     # a run killed before its end printed nothing
+    result = invoke("bench", "learn", "--merge", cut)
+    assert result.exit_code == 1 and "cut.json is not JSON" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_learn_refuses_a_bad_rater_or_baseline_before_loading_anything(invoke):
     result = invoke("bench", "learn", "--rater", "prefers-nothing", "--baselines", "none")
     assert result.exit_code == 1 and "unknown rater" in result.output

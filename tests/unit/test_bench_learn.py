@@ -369,3 +369,89 @@ def test_served_replies_are_sampled_together_only_up_to_the_next_round_or_pair(p
     assert sum(map(len, stretches)) == 40 - (40 // pairs_every if pairs_every else 0)
     if not pairs_every:
         assert [len(s) for s in stretches] == [k] * (40 // k)
+
+
+# --- --merge: one comparison from runs spread over processes --------------------------------
+
+def part(methods: dict[str, list[dict]], *, kto_lrs=(5e-6, 1e-4, 1e-3), rater="prefers-terse",
+         base=2.0) -> dict:
+    """The report of one process of a split comparison, as `bench learn --json` prints it."""
+    plan = LearnPlan(ratings=96, train_after=16, kto_lrs=kto_lrs)
+    seeds = sorted({r["seed"] for runs in methods.values() for r in runs})
+    bases = {**BASE, "probe_mean_rating": base}
+    report = {"benchmark": "learn", "rater": {"name": rater, "description": rater},
+              "plan": {**plan.__dict__, "methods": list(methods)}, "seeds": seeds,
+              "machine": "test", "model": {"name": "/tmp/x", "parameters": 1},
+              "config": {"ppo": {"learning_rate": 1e-3}}, "base": bases, "base_curve": bases,
+              "seconds": 10.0,
+              "methods": {m: {"label": m, "settings": {}, **summarize_method(runs, plan, bases)}
+                          for m, runs in methods.items()}}
+    report["goals"] = check_goals(report)
+    return report
+
+
+UP = [2.0, 3.0, 4.0, 4.5, 4.5, 4.5, 4.5]        # held from 32
+SLOW = [2.0, 2.5, 3.0, 3.5, 4.0, 4.2, 4.2]      # held from 64
+
+
+def test_merge_pools_each_methods_seeds_and_takes_the_goals_again():
+    from reinf.bench.learn import merge_reports
+
+    whole = part({"reinf": [fake_run(0, UP), fake_run(1, SLOW)],
+                  "kto@1e-4": [fake_run(0, SLOW, mode=None)],
+                  "kto@1e-3": [fake_run(0, UP, mode=None)]})
+    pieces = [("r0.json", part({"reinf": [fake_run(0, UP)]})),
+              ("r1.json", part({"reinf": [fake_run(1, SLOW)]})),
+              # one KTO rate a process: "kto" alone, its rate in the plan
+              ("k4.json", part({"kto": [fake_run(0, SLOW, mode=None)]}, kto_lrs=(1e-4,))),
+              ("k3.json", part({"kto": [fake_run(0, UP, mode=None)]}, kto_lrs=(1e-3,)))]
+    merged = merge_reports(pieces)
+    assert list(merged["methods"]) == ["reinf", "kto@1e-4", "kto@1e-3"]
+    assert merged["seeds"] == [0, 1] and merged["plan"]["seeds"] == 2
+    assert merged["plan"]["kto_lrs"] == [1e-4, 1e-3]
+    assert merged["merged_from"] == ["r0.json", "r1.json", "k4.json", "k3.json"]
+    for m in merged["methods"]:   # the same figures as one run of every method and seed
+        assert merged["methods"][m]["summary"] == whole["methods"][m]["summary"]
+        assert merged["methods"][m]["curve"] == whole["methods"][m]["curve"]
+    assert merged["goals"] == whole["goals"]
+    fewer = merged["goals"]["fewer_ratings_than_baselines"]
+    assert fewer["kto_best"] == "kto@1e-3" and fewer["reinf"] == 48 and not fewer["met"]
+    assert "kto@1e-3" in format_table(merged)
+    # one KTO rate over all the pieces keeps the plain name
+    alone = merge_reports([pieces[0], pieces[3]])
+    assert list(alone["methods"]) == ["reinf", "kto"]
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda r: r["rater"].update(name="prefers-chatty"), "raters differ"),
+    (lambda r: r["plan"].update(ratings=48), "--ratings differ"),
+    (lambda r: r["plan"].update(probe=32), "--probe differ"),
+    (lambda r: r["config"]["ppo"].update(learning_rate=3e-3), "configurations differ"),
+    (lambda r: r["base"].update(probe_mean_rating=2.5), "probe means differ"),
+    (lambda r: r["model"].update(parameters=2), "sizes differ"),
+])
+def test_merge_refuses_runs_that_are_not_one_comparison(change, said):
+    from reinf.bench.learn import merge_reports
+    from reinf.errors import BadInput
+
+    other = part({"reinf": [fake_run(1, SLOW)]})
+    change(other)
+    with pytest.raises(BadInput) as e:
+        merge_reports([("a.json", part({"reinf": [fake_run(0, UP)]})), ("b.json", other)])
+    assert said in str(e.value) and "b.json and a.json" in str(e.value)
+    assert "--seed" in e.value.fix
+
+
+def test_merge_refuses_a_seed_twice_and_what_is_not_a_learn_report():
+    from reinf.bench.learn import merge_reports
+    from reinf.errors import BadInput
+
+    a = part({"reinf": [fake_run(0, UP)], "rated": [fake_run(0, SLOW, mode="rated")]})
+    b = part({"rated": [fake_run(0, SLOW, mode="rated")]})
+    with pytest.raises(BadInput, match="seed 0 of rated is in both a.json and b.json"):
+        merge_reports([("a.json", a), ("b.json", b)])
+    for bad in ({"benchmark": "round"}, [1, 2], {"benchmark": "learn"}):
+        with pytest.raises(BadInput, match="x.json is not a report of `reinf bench learn"):
+            merge_reports([("a.json", a), ("x.json", bad)])
+    with pytest.raises(BadInput, match="at least one report"):
+        merge_reports([])
