@@ -114,6 +114,37 @@ def test_every_referenced_doc_exists():
     assert not missing, f"referenced but missing: {missing}"
 
 
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces
+    to hyphens, a repeated heading numbered (``-1``, ``-2``)."""
+    out, seen = set(), {}
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)  # no headings in code
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_every_link_to_a_heading_finds_it():
+    """Links to a section (``#anchor``, ``page.md#anchor``) in the README and docs/*.md
+    name a heading that is there, so a renamed section cannot leave a dead link behind."""
+    pages = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+    anchors = {p.resolve(): _anchors(p.read_text(encoding="utf-8")) for p in pages}
+    links, dead = 0, []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([\w./-]*?)#([\w-]+)\)",
+                                          page.read_text(encoding="utf-8")):
+            goal = (page.parent / target).resolve() if target else page.resolve()
+            if goal in anchors:
+                links += 1
+                if anchor not in anchors[goal]:
+                    dead.append(f"{page.name}: {target}#{anchor}")
+    assert links > 20  # the scan finds what it is for
+    assert not dead, f"links to headings that are not there: {dead}"
+
+
 # Built from pieces so that this file does not match itself.
 OUTSIDE_DESIGN_REFS = ("DESIGN" + ".md", "DESIGN" + " §", ".." + "/shared", "/work" + "/shared")
 
