@@ -150,7 +150,9 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     out, groups = [], []
     for r, row in zip(rollouts, rows):
         if row.kept:
-            out.append((r.prompt_ids, r.reply_ids, r.logprobs, g.temperature, row.reward, 1.0))
+            # None: sampled by the round's own adapter, whose round-start pass is the
+            # behaviour policy (reinf.training.ppo.build_rollout)
+            out.append((r.prompt_ids, r.reply_ids, None, g.temperature, row.reward, 1.0))
             groups.append(r.group)
     human = [e for e in episodes if tuple(e[0]) in group_of]
     for e in human:  # a human label beats a prediction: the real score, in its prompt's group

@@ -14,7 +14,11 @@ sample's own sampling temperature:
 - behaviour: stored when the reply was sampled, under whatever adapter was live then. The
   PPO ratio ``exp(logp_new - logp_behaviour)`` is taken against it, because ratings arrive
   after the adapter may have changed (the off-policy correction; it is 1, up to float
-  noise, when the adapter has not changed since);
+  noise, when the adapter has not changed since). A round's own rollouts were sampled by
+  the adapter the round starts from, so their behaviour policy *is* the old one: their
+  episodes carry ``None`` for log-probs and take the round-start pass's (``logp_old``), so
+  that the sampler's numerics (its batched pass; bf16 on a GPU) are not mistaken for
+  staleness;
 - old: under the adapter as it is at the start of the round (no grad). It feeds the KL
   penalty and ``approx_kl``, which measures how far *this round* moved the policy;
 - ref: the same model with the adapter disabled (no second copy of the model).
@@ -41,8 +45,8 @@ reply tokens; per-minibatch figures are averaged over the round):
 - ``clipfrac``: fraction of tokens whose ratio new / *behaviour* (the one PPO clips) lies
   outside 1 ± ppo_clip, so it is above 0 for stale samples even before the first step;
 - ``staleness``: mean ``|logp_old - logp_behaviour|`` once per round: how far the adapter
-  moved since the replies were sampled, and any disagreement of serving and training
-  numerics (bf16 vs fp32);
+  moved since the rated replies were sampled, and any disagreement of serving and training
+  numerics (bf16 vs fp32); 0 for a round's own rollouts;
 - ``explained_variance`` (GAE): of the round's returns by the value head's round-start
   values, i.e. by the head as the earlier rounds left it: 0 for a fresh (zero) head, 1 for
   a perfect one, below 0 when it predicts worse than the mean return.
@@ -108,7 +112,9 @@ class Rollout:
 def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
                   groups: Sequence[int] | None = None) -> Rollout:
     """``episodes``: (prompt_ids, reply_ids, logprobs, temperature, reward, weight) each;
-    ``groups``: one id per episode, shared by the k replies to one prompt (for RLOO)."""
+    ``groups``: one id per episode, shared by the k replies to one prompt (for RLOO).
+    ``logprobs`` None: sampled by the adapter the round starts from (a fresh rollout); its
+    behaviour log-probs are NaN here and ``train_policy`` takes the round-start pass's."""
     if groups is not None and len(groups) != len(episodes):
         raise ValueError(f"groups has {len(groups)} ids for {len(episodes)} episodes: "
                          "give one group id per episode")
@@ -129,7 +135,7 @@ def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
         positions[i, :r] = torch.arange(pad + p - 1, pad + p + r - 1)  # column j predicts j+1
         actions[i, :r] = torch.tensor(list(reply))
         mask[i, :r] = 1.0
-        logp[i, :r] = torch.tensor(list(lps), dtype=torch.float32)
+        logp[i, :r] = math.nan if lps is None else torch.tensor(list(lps), dtype=torch.float32)
     temps, rewards, weights = (torch.tensor([float(e[k]) for e in episodes]) for k in (3, 4, 5))
     b_groups = None if groups is None else torch.tensor(list(groups), dtype=torch.long)
     return Rollout(*(t.to(device) for t in (input_ids, attention, positions, actions, mask, logp,
@@ -534,6 +540,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     with update_mode(policy.model):
         b_logp_old, b_values = evaluate(policy, b, hp.batch_size, values=gae)
         b_logp_ref, _ = evaluate(policy, b, hp.batch_size, adapter=False, values=False)
+    # a fresh rollout's behaviour policy is the round-start one (build_rollout: NaN)
+    b.logp_behaviour = torch.where(b.logp_behaviour.isnan(), b_logp_old, b.logp_behaviour)
     staleness = float(weighted_mean((b_logp_old - b.logp_behaviour).abs(), b.mask, b.weights))
     # 2. Advantages with the per-token KL penalty folded in, then weighted whitening.
     if gae:

@@ -85,6 +85,37 @@ def test_ratio_is_taken_against_the_stored_behaviour_logprobs(model_dir):
     assert stale["staleness"] == pytest.approx(gap, rel=1e-3)
 
 
+def test_a_fresh_rollouts_behaviour_is_the_round_start_policy(model_dir):
+    """A rollout sampled by the adapter the round starts from carries no log-probs (None):
+    its ratio is taken against the round-start pass, so a sampler whose numerics differ
+    (batched bf16 on a GPU: 0.02-0.08 nats a token) does not read as staleness or clip."""
+    policy = build_policy(model_dir)
+    policy.model.eval()
+    current = tk.reply_logprobs(policy.model, PROMPT, REPLY, T)
+    noisy = [lp + (0.25 if i % 2 else -0.25) for i, lp in enumerate(current)]  # a sampler's
+    as_sampled = run_round(policy, [noisy, noisy])
+    fresh = run_round(policy, [None, None])
+    exact = run_round(policy, [current, current])
+    assert as_sampled["staleness"] == pytest.approx(0.25, rel=1e-3)
+    assert as_sampled["clipfrac"] > 0.0
+    assert fresh["staleness"] == 0.0 and fresh["clipfrac"] == 0.0
+    for key in ("policy_loss", "approx_kl", "kl"):
+        assert fresh[key] == pytest.approx(exact[key], abs=1e-6), key
+    assert math.isfinite(fresh["policy_loss"])
+    # and a real update moves the adapter as the exact stored log-probs would, not as the
+    # sampler's would
+    after = {}
+    for name, stored in (("fresh", None), ("exact", current), ("noisy", noisy)):
+        p = build_policy(model_dir)
+        moved = run_round(p, [stored, stored], lr=1e-2)
+        assert moved["steps"] == 2 and math.isfinite(moved["policy_loss"])
+        p.model.eval()
+        after[name] = tk.reply_logprobs(p.model, PROMPT, REPLY, T)
+    assert after["fresh"] != pytest.approx(current, abs=1e-3)       # it moved
+    assert after["fresh"] == pytest.approx(after["exact"], abs=1e-5)
+    assert after["noisy"] != pytest.approx(after["exact"], abs=1e-3)
+
+
 def test_update_changes_the_adapter_and_value_head(model_dir):
     policy = build_policy(model_dir)
     with update_mode(policy.model):
