@@ -88,7 +88,7 @@ def test_ratio_is_taken_against_the_stored_behaviour_logprobs(model_dir):
 def test_a_fresh_rollouts_behaviour_is_the_round_start_policy(model_dir):
     """A rollout sampled by the adapter the round starts from carries no log-probs (None):
     its ratio is taken against the round-start pass, so a sampler whose numerics differ
-    (batched bf16 on a GPU: 0.02-0.08 nats a token) does not read as staleness or clip."""
+    (batched bf16 on a GPU: 0.02-0.04 nats a token) does not read as staleness or clip."""
     policy = build_policy(model_dir)
     policy.model.eval()
     current = tk.reply_logprobs(policy.model, PROMPT, REPLY, T)
