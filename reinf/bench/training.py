@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from reinf.training import checkpoints
-from reinf.training.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, evaluate,
+from reinf.training.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout,
                                 train_policy, update_mode)
 
 
@@ -55,8 +55,7 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
                     amp_dtype=torch.bfloat16 if device.type == "cuda"
                     and torch.cuda.is_bf16_supported() else None)
     hp = Hyper.from_config(config.ppo)
-    b = _synthetic_batch(policy, model, n_samples, prompt_tokens, reply_tokens, seed, device,
-                         hp.batch_size)
+    b = _synthetic_batch(model, n_samples, prompt_tokens, reply_tokens, seed, device)
     minibatches = [torch.arange(s, min(s + hp.batch_size, n_samples), device=device)
                    for s in range(0, n_samples, hp.batch_size)]
     _bare_pass(policy, b, minibatches[:1])                 # warm-up (allocations, kernels)
@@ -111,16 +110,15 @@ def measure_round(config, n_samples: int = 64, *, loaded=None, prompt_tokens: in
     }
 
 
-def _synthetic_batch(policy, model, n, prompt_tokens, reply_tokens, seed, device, batch_size):
+def _synthetic_batch(model, n, prompt_tokens, reply_tokens, seed, device):
     gen = torch.Generator().manual_seed(seed)
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(0, vocab, (n, prompt_tokens + reply_tokens), generator=gen).tolist()
-    episodes = [(row[:prompt_tokens], row[prompt_tokens:], [0.0] * reply_tokens, 1.0,
+    # logprobs None: as if sampled by the adapter the round starts from, like a round's own
+    # rollouts (train_policy takes the round-start pass as their behaviour)
+    episodes = [(row[:prompt_tokens], row[prompt_tokens:], None, 1.0,
                  1.0 if i % 2 else -1.0, 1.0) for i, row in enumerate(ids)]
-    b = build_rollout(episodes, device)
-    with update_mode(policy.model):
-        b.logp_behaviour, _ = evaluate(policy, b, batch_size, values=False)  # as if sampled now
-    return b
+    return build_rollout(episodes, device)
 
 
 def _bare_pass(policy, b, minibatches) -> None:

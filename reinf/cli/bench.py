@@ -155,7 +155,7 @@ def _merged(ctx, files) -> dict:
     from reinf.bench.learn import merge_reports
     from reinf.errors import BadInput
 
-    running = [f"--{name.replace('_', '-')}" for name, value in ctx.params.items()
+    running = [f"--{name.replace('_', '-')}" for name in ctx.params
                if name not in ("merge_files", "plot_path", "as_json")
                and ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
     if running:
