@@ -184,6 +184,10 @@ class TrainingConfig:
                                        min=2, max=64)
     rollout_batch_size: int = setting(16, "replies sampled together (one batched forward per "
                                           "token)", min=1, max=1024)
+    rollout_iterations: int = setting(1, "times a rollout round samples fresh replies from "
+                                         "the adapter as it stands and takes a PPO step on "
+                                         "them, against the same rating model",
+                                      min=1, max=64)
     rollout_max_new_tokens: int = setting(0, "longest rollout reply; 0 = max_new_tokens",
                                           min=0, max=32_768)
     min_ratings: int = setting(8, "ratings needed before the rating model may score rollouts",

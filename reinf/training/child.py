@@ -60,7 +60,8 @@ def apply_process_settings(config, *, nice: bool = False) -> None:
 
 class ProgressBar:
     """Progress on stderr: a line per stage, a tqdm bar over the rollouts, and one over
-    epochs x minibatches with live KL and loss."""
+    epochs x minibatches with live KL and loss; a round of several passes
+    (``training.rollout_iterations``) starts both again for each, numbered."""
     STAGES = {"rewards": "reading rated turns and computing rewards…",
               "load": "loading the model…",
               "rating_model": "fitting the rating model on your ratings…",
@@ -86,10 +87,15 @@ class ProgressBar:
         if stage not in self.BARS:
             return
         bar = self.bars.get(stage)
+        desc, unit = self.BARS[stage]
+        if "iteration" in event:  # a round of several passes: one bar a stage, pass by pass
+            desc = f"{desc} {event['iteration']}/{event['iterations']}"
         if bar is None:
-            desc, unit = self.BARS[stage]
             bar = self.bars[stage] = tqdm(total=event["total"], desc=desc, unit=unit,
                                           file=sys.stderr, dynamic_ncols=True)
+        elif bar.desc != desc:
+            bar.reset(total=event["total"])
+            bar.set_description_str(desc)
         if event.get("done"):
             bar.update(event["done"] - bar.n)
             if stage == "update":

@@ -22,7 +22,9 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    same prompts, with their real score, in the batch;
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
    (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
-   replies) or the value head with GAE;
+   replies) or the value head with GAE; in rollout mode, stages 3 and 4 run
+   ``training.rollout_iterations`` times, each on fresh replies from the adapter as the
+   last pass left it, against the same rating model;
 5. the promotion gate (``reinf.training.promotion``): a round with NaN, whose KL per reply
    token to the base exceeds ``kl_max``, or whose perplexity on the person's well-rated
    replies rose more than ``training.max_perplexity_increase`` over the base, is
@@ -157,7 +159,6 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # 2. The rating model, fitted on every rating; it decides the round's mode.
     plan = plan_round(config, store, rated, session, report, read_at=read_at)
     hp = Hyper.from_config(config.ppo)
-    groups = None
     round_metrics: dict[str, Any] = {"mode": plan.mode, "mode_reason": plan.reason,
                                      **plan.metrics}
     if passed_over:
@@ -166,30 +167,42 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             f"your blind picks put {passed_over[0]['checkpoint_id']} behind its parent "
             f"(lost {passed_over[0]['losses']} of {passed_over[0]['pairs']}): this round "
             f"continues from {start or 'the base model'}")
-    if plan.mode == "rollouts":
-        # 3. Fresh replies from the current adapter, scored by the rating model and the
-        #    person's reward mapper; the rated replies to the same prompts join them.
-        episodes, groups, rollout_metrics = collect_rollouts(
-            config, session, plan.rating_model, samples, episodes, now=now,
-            seed=config.ppo.seed + counters["round"], report=report)
-        round_metrics.update(rollout_metrics)
-    elif hp.advantage == "rloo":
-        # A rated round's baseline under RLOO: the other rated replies to the same prompt
-        # (a regenerated and rated one), else the mean of every other rated reply.
-        groups = prompt_groups(episodes)
+    # 3. and 4., once, or ``training.rollout_iterations`` times in rollout mode: fresh
+    #    replies from the adapter as it stands, scored by this round's rating model and the
+    #    person's reward mapper (the rated replies to the same prompts join them), then PPO.
     device = session.loaded.device
-    b = build_rollout(episodes, device, groups=groups)
-    session.reward_stats.update(b.rewards)
-    if config.ppo.normalize_rewards:
-        b.rewards = (b.rewards - session.reward_stats.mean) / max(session.reward_stats.std, 1e-6)
-    # 4. PPO.
-    report({"stage": "update", "done": 0, "total": hp.ppo_epochs
-            * math.ceil(len(b) / hp.batch_size)})
-    metrics = train_policy(session.policy, session.optimizer, b, session.kl_ctl, hp,
-                           seed=config.ppo.seed + counters["round"], progress=progress)
+    iterations = config.training.rollout_iterations if plan.mode == "rollouts" else 1
+    passes: list[dict[str, Any]] = []
+    for i in range(iterations):
+        seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
+        step = report if iterations == 1 else _numbered(report, i + 1, iterations)
+        batch, groups = episodes, None
+        if plan.mode == "rollouts":
+            batch, groups, rollout_metrics = collect_rollouts(
+                config, session, plan.rating_model, samples, episodes, now=now, seed=seed,
+                report=step)
+        elif hp.advantage == "rloo":
+            # A rated round's baseline under RLOO: the other rated replies to the same prompt
+            # (a regenerated and rated one), else the mean of every other rated reply.
+            groups = prompt_groups(episodes)
+        b = build_rollout(batch, device, groups=groups)
+        session.reward_stats.update(b.rewards)
+        if config.ppo.normalize_rewards:
+            b.rewards = (b.rewards - session.reward_stats.mean) / max(session.reward_stats.std,
+                                                                      1e-6)
+        step({"stage": "update", "done": 0, "total": hp.ppo_epochs
+              * math.ceil(len(b) / hp.batch_size)})
+        passes.append({**train_policy(session.policy, session.optimizer, b, session.kl_ctl, hp,
+                                      seed=seed, progress=step if progress else None),
+                       **(rollout_metrics if plan.mode == "rollouts" else {})})
+        # a NaN step, or a KL the gate will reject anyway: more passes cannot save the round
+        if passes[-1]["nan"] or passes[-1]["kl"] > config.ppo.kl_max:
+            break
+    metrics = merge_passes(passes)
+    episodes = batch
     counters = {"round": counters["round"] + 1,
                 "global_step": counters["global_step"] + metrics["steps"],
-                "samples_seen": counters["samples_seen"] + len(b)}
+                "samples_seen": counters["samples_seen"] + metrics["samples"]}
     metrics.update(counters, **round_metrics, advantage=hp.advantage,
                    reward_mean=sum(e[4] for e in episodes) / len(episodes),
                    human_reward_mean=sum(r.reward for _, r in kept) / max(len(kept), 1),
@@ -217,7 +230,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         clean = checkpoints.jsonable(metrics)
         store.add_checkpoint(ckpt_id, str(root / ckpt_id), parent_id=session.parent_id,
                              run_id=run_id, metrics=clean, status="rejected")
-        store.finish_run(run_id, "rejected", metrics=clean, samples=len(b), error=reason,
+        store.finish_run(run_id, "rejected", metrics=clean, samples=metrics["samples"], error=reason,
                          checkpoint_id=ckpt_id)
         parent = session.parent_id or "the base model"
         return RoundResult(run_id, "rejected", metrics, ckpt_id,
@@ -248,11 +261,12 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     gone = plan.pairs.pair_ids - {p.id for p in store.list_pairs(limit=None)}
     if gone:  # a pick on a typed prompt holds no turn: the store cannot check it
         reason = reject_forgotten(config, store, run_id, ckpt_id, path, session.parent_id,
-                                  metrics, len(b), len(gone))
+                                  metrics, metrics["samples"], len(gone))
         return RoundResult(run_id, "rejected", metrics, ckpt_id, f"round rejected: {reason}; "
                            f"{session.parent_id or 'the base model'} stays active")
     record = promote(config, store, run_id, ckpt_id, path, parent_id=session.parent_id,
-                     metrics=metrics, samples=len(b), turn_ids=trained_on, read_at=read_at)
+                     metrics=metrics, samples=metrics["samples"], turn_ids=trained_on,
+                     read_at=read_at)
     if record is not None and record.status == "rejected":
         parent = session.parent_id or "the base model"
         reason = record.metrics.get("rejected_reason", "turns forgotten while it ran")
@@ -261,8 +275,40 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                            f"round rejected: {reason}; {parent} stays active")
     return RoundResult(run_id, "succeeded", metrics, ckpt_id,
                        f"round {counters['round']} ({plan.mode}): checkpoint {ckpt_id} is "
-                       f"active ({len(b)} samples, reward_mean {metrics['reward_mean']:.3f}, "
+                       f"active ({metrics['samples']} samples, reward_mean {metrics['reward_mean']:.3f}, "
                        f"kl {metrics['kl']:.4f}/token, {metrics['seconds']:.1f} s)")
+
+
+# Iteration i of a round samples and shuffles with the round's seed + i x this stride, so
+# iteration 0 is the one-pass round exactly and no later round's seed is reused soon.
+ITERATION_SEED_STRIDE = 7919
+# Figures an iterated round adds up over its passes; every other figure is the last pass's
+# (where the round left the policy: its KL, KL coefficient, clip fraction, ...).
+PASS_SUMS = ("steps", "samples", "tokens", "update_seconds", "rollouts", "rollout_tokens",
+             "rollout_seconds", "scoring_seconds")
+# Per pass in ``metrics["iterations"]`` when a round ran more than one.
+PASS_FIGURES = ("samples", "predicted_score_mean", "reward_mean", "kl", "approx_kl", "clipfrac",
+                "staleness", "kl_coef", "epochs_run", "update_seconds", "rollout_seconds")
+
+
+def merge_passes(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One round's metrics from its PPO passes: the last pass's, with the counts and times
+    of ``PASS_SUMS`` added up, ``nan`` and ``early_stopped`` if any pass had them, and, for
+    more than one pass, each pass's ``PASS_FIGURES`` under ``iterations``."""
+    merged = dict(passes[-1])
+    for key in PASS_SUMS:
+        if all(key in p for p in passes):
+            merged[key] = sum(p[key] for p in passes)
+    merged["nan"] = any(p["nan"] for p in passes)
+    merged["early_stopped"] = any(p["early_stopped"] for p in passes)
+    if len(passes) > 1:
+        merged["iterations"] = [{k: p[k] for k in PASS_FIGURES if k in p} for p in passes]
+    return merged
+
+
+def _numbered(report: Callable, i: int, n: int) -> Callable:
+    """``report`` with each event marked as pass ``i`` of ``n`` (the progress bars say so)."""
+    return lambda event: report({**event, "iteration": i, "iterations": n})
 
 
 def prompt_groups(episodes) -> list[int]:

@@ -188,6 +188,59 @@ def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
     assert after > before + 0.05, (before, after)  # terse replies: relatively more likely
 
 
+def test_an_iterated_round_samples_again_where_its_last_pass_left_the_adapter(config, store,
+                                                                              tmp_path):
+    """``training.rollout_iterations``: the same round, same ratings and rating model, run
+    as one pass and as three. Its first pass is the one-pass round exactly; the later passes
+    sample fresh replies from the adapter the earlier ones trained, so the round moves the
+    policy further the person's way."""
+    import shutil
+
+    from reinf.config import load_config
+    from reinf.storage.store import Store
+    from reinf.training.trainer import train_round
+
+    cfg = config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
+                         training_min_consistency=-1.0, learning_rate=2e-3, seed=0)
+    rate_demo_turns(cfg, store, 24)
+    other = tmp_path / "again"
+    shutil.copytree(cfg.data_dir, other)  # the same rated turns, in a data directory of its own
+    cfg3 = load_config(environ={"REINF_HOME": str(other)}).replace(
+        training_rollout_prompts=8, training_rollouts_per_prompt=4, training_min_consistency=-1.0,
+        learning_rate=2e-3, seed=0, training_rollout_iterations=3)
+    store3 = Store.open(cfg3)
+    try:
+        assert len(store3.training_samples(100)) == 24
+        events = []
+        once, thrice = train_round(cfg, store), train_round(cfg3, store3, progress=events.append)
+        adapters = {"once": store.active_checkpoint().path,
+                    "thrice": store3.active_checkpoint().path}
+    finally:
+        store3.close()
+    assert once.status == thrice.status == "succeeded", (once.message, thrice.message)
+    assert once.metrics["mode"] == thrice.metrics["mode"] == "rollouts"
+    assert "iterations" not in once.metrics
+    passes = thrice.metrics["iterations"]
+    assert len(passes) == 3 and thrice.metrics["rollouts"] == 3 * 32
+    assert thrice.metrics["samples"] == sum(p["samples"] for p in passes)
+    assert thrice.metrics["kl"] == passes[-1]["kl"]
+    # pass 1 is the one-pass round: same seed, same batch, same update
+    assert passes[0]["samples"] == once.metrics["samples"]
+    assert passes[0]["kl"] == pytest.approx(once.metrics["kl"], rel=1e-4, abs=1e-7)
+    # the progress events say which pass they belong to
+    assert {(e["iteration"], e["iterations"]) for e in events if e["stage"] == "rollouts"} == \
+        {(1, 3), (2, 3), (3, 3)}
+    assert thrice.metrics["kl"] > once.metrics["kl"]
+    model, tokenizer = demo_model()
+    pairs = style_pairs()
+    from reinf.catalog import PROJECT_ROOT
+    demo = PROJECT_ROOT / "models" / "reinf-demo"
+    margin = {name: style_margin(tk.load_policy(demo, path), tokenizer, pairs)
+              for name, path in adapters.items()}
+    base = style_margin(model, tokenizer, pairs)
+    assert margin["thrice"] > margin["once"] + 0.05 > base + 0.05, (base, margin)
+
+
 def test_cold_start_trains_on_rated_replies_and_says_why(config, store):
     from reinf.daemon.status import collect_status
     from reinf.training.trainer import train_round
