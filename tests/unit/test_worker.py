@@ -275,3 +275,24 @@ def test_the_trainer_child_trains_the_model_the_server_serves(tmp_path):
     child = load_config(environ=env)
     assert child.model.model_path == "/models/served"
     assert child.data_dir == served.data_dir
+
+
+def test_the_progress_bars_start_again_for_each_pass_of_a_round(capsys):
+    """A round of several passes (training.rollout_iterations) reports its rollouts and PPO
+    stages once per pass: each pass restarts the stage's bar, named with the pass."""
+    from reinf.training.child import ProgressBar
+
+    bar = ProgressBar()
+    for i in (1, 2):
+        mark = {"iteration": i, "iterations": 2}
+        bar({"stage": "rollouts", "done": 0, "total": 8, **mark})
+        bar({"stage": "rollouts", "done": 8, "total": 8, **mark})
+        bar({"stage": "update", "done": 0, "total": 4, **mark})
+        bar({"stage": "update", "done": 4, "total": 4, "epoch": 2, "epochs": 2, "kl": 0.01,
+             "approx_kl": 0.001, "loss": 0.5, **mark})
+    assert bar.bars["rollouts"].n == 8 and bar.bars["update"].n == 4
+    bar.close()
+    err = capsys.readouterr().err
+    assert err.count("sampling fresh replies") == 1  # the stage's line, once
+    for name in ("rollouts 1/2", "rollouts 2/2", "PPO 1/2", "PPO 2/2"):
+        assert name in err, err
