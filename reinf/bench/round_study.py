@@ -182,7 +182,7 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                 metrics = outcome.metrics or {}
                 if bench_keys.get("baseline"):
                     figures["mode"] = bench_keys["baseline"]
-                for key in ("mode", "rating_model_consistency", "kl", "rollouts"):
+                for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
                 if path is not None:
@@ -293,7 +293,17 @@ def describe(f: dict[str, Any]) -> str:
             + (f" (rating model's cross-validated Spearman {rho:.2f})" if rho is not None else "")
             + f", pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
             f"estimated change {f['estimated_change']:+.3f} (ESS {f['ess']:.2f}), mean |Δ| "
-            f"{f['mean_abs_delta']:.3f}, KL {kl_text(f.get('kl'))}, {f['seconds']:.0f} s")
+            f"{f['mean_abs_delta']:.3f}, KL {kl_text(f.get('kl'))}, {f['seconds']:.0f} s"
+            + passes_text(f.get("iterations")))
+
+
+def passes_text(passes: list[dict] | None) -> str:
+    """A round of several passes (training.rollout_iterations): each pass's KL to the base
+    and its rollouts' mean predicted score, where it left the policy."""
+    if not passes:
+        return ""
+    return "; passes: " + ", ".join(f"KL {p['kl']:.4f} predicted {p['predicted_score_mean']:.2f}"
+                                    for p in passes)
 
 
 def kl_text(kl: float | None) -> str:

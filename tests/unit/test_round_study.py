@@ -100,3 +100,14 @@ def test_the_text_report_has_a_line_per_rater_and_arm_in_columns():
     assert row.index("rollouts") == header.index("arm")   # the long name does not shift it
     assert "0.77" in row and "+0.083" in row and "0.41" in row
     assert any("rated" in line and "failed: boom" in line for line in lines)
+
+
+def test_a_round_of_several_passes_says_where_each_left_the_policy():
+    from reinf.bench.round_study import describe
+
+    f = {"status": "succeeded", "mode": "rollouts", "pairwise": 0.7, "pairs": 10,
+         "estimated_change": 0.1, "ess": 0.9, "mean_abs_delta": 1.0, "kl": 0.02, "seconds": 5.0}
+    assert "passes" not in describe(f)
+    f["iterations"] = [{"kl": 0.011, "predicted_score_mean": 2.5},
+                       {"kl": 0.02, "predicted_score_mean": 2.75}]
+    assert describe(f).endswith("; passes: KL 0.0110 predicted 2.50, KL 0.0200 predicted 2.75")
