@@ -176,7 +176,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     for i in range(iterations):
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
         step = report if iterations == 1 else _numbered(report, i + 1, iterations)
-        batch, groups = episodes, None
+        batch, groups, rollout_metrics = episodes, None, {}
         if plan.mode == "rollouts":
             batch, groups, rollout_metrics = collect_rollouts(
                 config, session, plan.rating_model, samples, episodes, now=now, seed=seed,
@@ -194,7 +194,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
               * math.ceil(len(b) / hp.batch_size)})
         passes.append({**train_policy(session.policy, session.optimizer, b, session.kl_ctl, hp,
                                       seed=seed, progress=step if progress else None),
-                       **(rollout_metrics if plan.mode == "rollouts" else {})})
+                       **rollout_metrics})
         # a NaN step, or a KL the gate will reject anyway: more passes cannot save the round
         if passes[-1]["nan"] or passes[-1]["kl"] > config.ppo.kl_max:
             break
@@ -230,8 +230,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         clean = checkpoints.jsonable(metrics)
         store.add_checkpoint(ckpt_id, str(root / ckpt_id), parent_id=session.parent_id,
                              run_id=run_id, metrics=clean, status="rejected")
-        store.finish_run(run_id, "rejected", metrics=clean, samples=metrics["samples"], error=reason,
-                         checkpoint_id=ckpt_id)
+        store.finish_run(run_id, "rejected", metrics=clean, samples=metrics["samples"],
+                         error=reason, checkpoint_id=ckpt_id)
         parent = session.parent_id or "the base model"
         return RoundResult(run_id, "rejected", metrics, ckpt_id,
                            f"round rejected: {reason}; {parent} stays active")
@@ -275,7 +275,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                            f"round rejected: {reason}; {parent} stays active")
     return RoundResult(run_id, "succeeded", metrics, ckpt_id,
                        f"round {counters['round']} ({plan.mode}): checkpoint {ckpt_id} is "
-                       f"active ({metrics['samples']} samples, reward_mean {metrics['reward_mean']:.3f}, "
+                       f"active ({metrics['samples']} samples, "
+                       f"reward_mean {metrics['reward_mean']:.3f}, "
                        f"kl {metrics['kl']:.4f}/token, {metrics['seconds']:.1f} s)")
 
 
