@@ -415,13 +415,18 @@ def test_gemma_folds_the_system_prompt_into_every_stored_prompt_and_says_so_once
     engine = Engine.load(config)
     chat = ChatService(engine, store, config)
     caplog.set_level(logging.INFO, logger="reinf.model.modeling")
-    conv = None
-    for message in MESSAGES[:3]:
-        turn = chat.send(message, conversation_id=conv)
+    conv, sent = None, []
+    for seed, message in enumerate(MESSAGES[:3]):
+        turn = chat.send(message, conversation_id=conv, seed=seed)  # the same replies every run
         conv = turn.conversation_id
         prompt = engine.tokenizer.decode(turn.prompt_ids, skip_special_tokens=False)
-        assert prompt.startswith(f"<bos><start_of_turn>user\n{SYSTEM}\n\n{MESSAGES[0]}")
+        # The first user message sent: the oldest earlier turn with a reply (a random model
+        # can end a reply before its first token, and such a turn is left out), else this one.
+        first = next((m for m, reply in sent if reply), message)
+        assert prompt.startswith(f"<bos><start_of_turn>user\n{SYSTEM}\n\n{first}")
         assert prompt.endswith(GEMMA_HEADER) and message in prompt
+        sent.append((message, turn.reply))
+    assert any(reply for _, reply in sent[:2])  # some history was folded in, not only a message
     assert store.get_conversation(conv).system_prompt == SYSTEM
     notes = [r for r in caplog.records if "refuses a system message" in r.getMessage()]
     assert len(notes) == 1 and "System role not supported" in notes[0].getMessage()
