@@ -27,7 +27,8 @@ from unit import test_migrations as migration_tests
 from unit import test_pairs_store as pair_tests
 from unit import test_store as store_tests
 
-pytestmark = pytest.mark.e2e
+# One xdist process runs them all (`--dist loadgroup`), so the session fixture runs once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("postgres")]
 
 TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "training_runs",
           "turns"]

@@ -21,7 +21,8 @@ import torch
 
 from daemonkit import servers, write_config  # noqa: F401 - fixture
 
-pytestmark = pytest.mark.e2e
+# One xdist process runs them all (`--dist loadgroup`), so the session fixture runs once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("real_model")]
 
 NAME = "smollm2-135m"
 PARAMETERS = 134_515_008
