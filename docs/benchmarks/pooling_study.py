@@ -3,8 +3,9 @@ feature over the reply's tokens, not only the mean? (docs/benchmarks.md, "Max-po
 the reply's tokens".)
 
 A mean over a reply of ~100 tokens dilutes one telling token (a "!", a digit, "for example")
-a hundredfold; a max keeps it. This study takes the replies once, keeps the mean and the max
-over the reply's tokens of every layer's hidden state, and judges feature sets built from
+a hundredfold; a max keeps it. This study takes the replies once, keeps the product's features
+(the trainer's ``reply_features``) and the max over the reply's tokens of every layer's
+hidden state, and judges feature sets built from
 them with ``reinf bench rating-model``'s own judge (``reinf.bench.rating_study.judge``: the
 trainer's ridge ensemble fitted on one reply of n prompts, within-prompt accuracy on the
 others). Three stages, each its own process, so the slow ones run once:
@@ -67,12 +68,15 @@ def sample(out: Path) -> None:
 
 
 def features(out: Path) -> None:
-    """Per reply and layer (0 = the input embeddings): mean and max over the reply's tokens;
-    the last layer at the final token; the reply's length in tokens."""
+    """Per reply: the product's features (``reply_features``, the trainer's own), and the max
+    over the reply's tokens of every layer's hidden state (layer 0: the input embeddings)."""
+    from reinf.training.rating_model import reply_features
+
     _, loaded = load()
     decoder = loaded.model.get_decoder()
     rows = json.loads((out / "replies.json").read_text())
-    means, maxes, lasts = [], [], []
+    product = reply_features(loaded.model, [(r["prompt_ids"], r["reply_ids"]) for r in rows])
+    maxes = []
     with torch.no_grad():
         for start in range(0, len(rows), 16):
             chunk = rows[start:start + 16]
@@ -89,21 +93,14 @@ def features(out: Path) -> None:
                                          output_hidden_states=True,
                                          use_cache=False).hidden_states, 1).float()
             mask = reply[:, None, :, None]  # (B, layers + 1, L, H) against (B, 1, L, 1)
-            means.append((hidden * mask).sum(2) / reply.sum(1)[:, None, None])
             maxes.append(hidden.masked_fill(~mask, float("-inf")).amax(2))
-            last = attention.sum(1) - 1
-            lasts.append(hidden[torch.arange(len(chunk)), -1, last])
             print(f"features {start + len(chunk)}/{len(rows)}", flush=True)
-    torch.save({"mean": torch.cat(means), "max": torch.cat(maxes), "last": torch.cat(lasts),
-                "length": torch.tensor([len(r["reply_ids"]) for r in rows], dtype=torch.float)},
-               out / "features.pt")
+    torch.save({"product": product, "max": torch.cat(maxes)}, out / "features.pt")
 
 
 def feature_sets(f: dict) -> dict[str, torch.Tensor]:
-    top = f["mean"].shape[1] - 1
+    product, top = f["product"], f["max"].shape[1] - 1
     mid = (top + 1) // 2  # the product's middle layer: hidden_states[len // 2]
-    product = torch.cat([f["mean"][:, 0], f["mean"][:, mid], f["mean"][:, top], f["last"],
-                         torch.log1p(f["length"])[:, None]], 1)
     return {"product": product,
             "+max emb": torch.cat([product, f["max"][:, 0]], 1),
             "+max emb, mid": torch.cat([product, f["max"][:, 0], f["max"][:, mid]], 1),
