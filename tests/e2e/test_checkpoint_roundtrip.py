@@ -19,7 +19,8 @@ from reinf.training.ppo import ValueHead
 from reinf.training.session import build_session
 from reinf.training.trainer import train_round
 
-pytestmark = pytest.mark.e2e
+# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
 
 

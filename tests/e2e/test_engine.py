@@ -17,7 +17,8 @@ from reinf.model.modeling import load_model, render_chat
 from reinf.serving.engine import Engine
 from tiny import make_adapter, make_tiny_model
 
-pytestmark = pytest.mark.e2e
+# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]
 DEMO = PROJECT_ROOT / "models" / "reinf-demo"
 
 

@@ -12,7 +12,8 @@ import torch
 
 import trainkit as tk
 
-pytestmark = pytest.mark.e2e
+# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]
 
 
 def demo_model():

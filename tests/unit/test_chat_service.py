@@ -17,6 +17,10 @@ from reinf.serving.chat import ChatService
 from reinf.serving.engine import Engine, Reply, ReplyStream
 from tiny import build_tiny_tokenizer
 
+# Calls into the ML stack (tokenizers, hub cache, model loading): CI runs it again on the
+# minimum versions (constraints-min.txt).
+pytestmark = pytest.mark.stack
+
 
 class ScriptedEngine:
     model_name = "scripted"

@@ -73,6 +73,32 @@ def _imports(path) -> set[str]:
     return names
 
 
+# What constraints-min.txt pins, plus the tests' own builders of tiny models and tokenizers
+# (tests/tiny.py) and the model loader.
+ML_STACK = ("transformers", "tokenizers", "peft", "trl", "huggingface_hub", "accelerate",
+            "datasets", "safetensors", "tiny", "reinf.model.modeling.load_model")
+
+
+def test_unit_tests_that_reach_the_ml_stack_run_on_its_minimum_versions():
+    """CI runs only the tests marked `stack` again on constraints-min.txt. A unit test file
+    that imports the stack, a tiny-model builder or the model loader must carry the mark.
+
+    Reinf imports the stack lazily, so a test can also reach it through Reinf's own code
+    without importing it. The marks were set from a per-test measurement, which is how to
+    check them again (pytest-cov; source_pkgs = the packages above in a .coveragerc):
+    `python -m pytest tests/unit --cov --cov-config=RC --cov-context=test`, then list the
+    coverage database's contexts that hold lines of those packages."""
+    script = (PROJECT_ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "-m stack" in script
+    unmarked = []
+    for path in sorted((PROJECT_ROOT / "tests" / "unit").glob("test_*.py")):
+        imports = _imports(path)
+        if any(name == root or name.startswith(root + ".") for name in imports for root in ML_STACK):
+            if "pytest.mark.stack" not in path.read_text(encoding="utf-8"):
+                unmarked.append(path.name)
+    assert not unmarked, f"add `pytestmark = pytest.mark.stack` to {unmarked}"
+
+
 def test_the_core_never_imports_the_benchmarks():
     """reinf.bench is measuring tooling: only `reinf bench` (cli/bench.py) may reach it, so
     the product core, the trainer, the demo build and the web app never depend on it."""

@@ -12,6 +12,10 @@ from reinf.model.modeling import (Detokenizer, build_prompt_ids, get_context_lim
 from reinf.model.sampling import sample_top_p
 from tiny import EOS, build_tiny_tokenizer
 
+# Calls into the ML stack (tokenizers, hub cache, model loading): CI runs it again on the
+# minimum versions (constraints-min.txt).
+pytestmark = pytest.mark.stack
+
 
 @pytest.fixture(scope="module")
 def tok():
