@@ -31,6 +31,7 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -140,8 +141,12 @@ def main() -> None:
                 running.remove(run)
             if opts.deadline is not None and time.monotonic() - began > opts.deadline:
                 for run in running:
-                    os.killpg(run.proc.pid, 15)
-                    run.proc.wait()
+                    os.killpg(run.proc.pid, signal.SIGTERM)
+                    try:
+                        run.proc.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(run.proc.pid, signal.SIGKILL)
+                        run.proc.wait()
                     run.outcome = "stopped at the deadline"
                     print(f"{run.name}: stopped at the deadline after "
                           f"{time.monotonic() - run.started:.0f} s", flush=True)
