@@ -154,6 +154,10 @@ def main() -> None:
                     run.outcome = "never started (deadline)"
                 running, waiting = [], []
     finally:
+        # Ctrl-C or an error here: the runs are in their own sessions, so stop them too.
+        for run in running:
+            if run.proc.poll() is None:
+                os.killpg(run.proc.pid, signal.SIGTERM)
         for run in runs:
             for handle in run.files:
                 handle.close()
@@ -176,4 +180,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("interrupted: the runs were stopped; OUT/runs keeps what they wrote")
