@@ -19,8 +19,7 @@ from reinf.training.ppo import ValueHead
 from reinf.training.session import build_session
 from reinf.training.trainer import train_round
 
-# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
-pytestmark = [pytest.mark.e2e, pytest.mark.stack]
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]  # see pyproject.toml's markers
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
 
 

@@ -17,8 +17,7 @@ from reinf.model.modeling import load_model, render_chat
 from reinf.serving.engine import Engine
 from tiny import make_adapter, make_tiny_model
 
-# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
-pytestmark = [pytest.mark.e2e, pytest.mark.stack]
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]  # see pyproject.toml's markers
 DEMO = PROJECT_ROOT / "models" / "reinf-demo"
 
 

@@ -10,8 +10,7 @@ import trainkit as tk
 from reinf.training.ppo import (Hyper, KLController, Policy, ValueHead, build_rollout, train_policy,
                                 update_mode)
 
-# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
-pytestmark = [pytest.mark.e2e, pytest.mark.stack]
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]  # see pyproject.toml's markers
 single_thread = pytest.fixture(autouse=True)(tk.one_thread)
 PROMPT, REPLY, T = [1, 17, 23, 54, 9, 1], [tk.GOOD, 77, 12, 2], 0.7
 

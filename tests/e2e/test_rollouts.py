@@ -12,8 +12,7 @@ import torch
 
 import trainkit as tk
 
-# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
-pytestmark = [pytest.mark.e2e, pytest.mark.stack]
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]  # see pyproject.toml's markers
 
 
 def demo_model():

@@ -9,8 +9,7 @@ import torch
 from reinf.model.sampling import _LogProbAt, kl_per_token, token_logprobs
 from reinf.training.ppo import build_rollout
 
-# `stack`: CI runs it again on the minimum versions (constraints-min.txt).
-pytestmark = [pytest.mark.e2e, pytest.mark.stack]
+pytestmark = [pytest.mark.e2e, pytest.mark.stack]  # see pyproject.toml's markers
 
 SIZE = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)

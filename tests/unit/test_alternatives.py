@@ -18,9 +18,7 @@ from reinf.serving.engine import Engine, Reply, ReplyStream
 from tiny import build_tiny_tokenizer
 from webui_fakes import build_daemon, daemon, parse_sse  # noqa: F401 - fixtures
 
-# Calls into the ML stack (tokenizers, hub cache, model loading): CI runs it again on the
-# minimum versions (constraints-min.txt).
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.stack  # see pyproject.toml's markers
 
 
 class NumberedEngine:

@@ -17,9 +17,7 @@ from reinf.serving.chat import ChatService
 from reinf.serving.engine import Engine, Reply, ReplyStream
 from tiny import build_tiny_tokenizer
 
-# Calls into the ML stack (tokenizers, hub cache, model loading): CI runs it again on the
-# minimum versions (constraints-min.txt).
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.stack  # see pyproject.toml's markers
 
 
 class ScriptedEngine:

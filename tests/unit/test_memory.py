@@ -11,9 +11,7 @@ from reinf.model.memory import (FITS, GIB, TIGHT, UNKNOWN, WONT, physical_memory
                                 trainer_quantization)
 from reinf.model.shape import load_shape
 
-# Calls into the ML stack (tokenizers, hub cache, model loading): CI runs it again on the
-# minimum versions (constraints-min.txt).
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.stack  # see pyproject.toml's markers
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab, tied, context, type)
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936, True, 32768, "qwen2"),

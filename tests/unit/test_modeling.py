@@ -12,9 +12,7 @@ from reinf.model.modeling import (Detokenizer, build_prompt_ids, get_context_lim
 from reinf.model.sampling import sample_top_p
 from tiny import EOS, build_tiny_tokenizer
 
-# Calls into the ML stack (tokenizers, hub cache, model loading): CI runs it again on the
-# minimum versions (constraints-min.txt).
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.stack  # see pyproject.toml's markers
 
 
 @pytest.fixture(scope="module")
