@@ -70,7 +70,7 @@ def sample(out: Path) -> None:
 def features(out: Path) -> None:
     """Per reply: the product's features (``reply_features``, the trainer's own), and the max
     over the reply's tokens of every layer's hidden state (layer 0: the input embeddings)."""
-    from reinf.training.rating_model import reply_features
+    from reinf.training.rating_model import reply_batch, reply_features
 
     _, loaded = load()
     decoder = loaded.model.get_decoder()
@@ -80,15 +80,9 @@ def features(out: Path) -> None:
     with torch.no_grad():
         for start in range(0, len(rows), 16):
             chunk = rows[start:start + 16]
-            width = max(len(r["prompt_ids"]) + len(r["reply_ids"]) for r in chunk)
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
-            attention = torch.zeros(len(chunk), width, dtype=torch.long)
-            reply = torch.zeros(len(chunk), width, dtype=torch.bool)
-            for i, r in enumerate(chunk):
-                p, n = len(r["prompt_ids"]), len(r["reply_ids"])
-                ids[i, :p + n] = torch.tensor(r["prompt_ids"] + r["reply_ids"])
-                attention[i, :p + n] = 1
-                reply[i, p:p + n] = True
+            ids, attention, reply, _, _ = reply_batch(
+                [(r["prompt_ids"], r["reply_ids"]) for r in chunk])
+            reply = reply.bool()
             hidden = torch.stack(decoder(input_ids=ids, attention_mask=attention,
                                          output_hidden_states=True,
                                          use_cache=False).hidden_states, 1).float()

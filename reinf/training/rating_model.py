@@ -90,7 +90,9 @@ def reply_features(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], 
     return torch.cat(rows) if rows else torch.zeros(0, 0)
 
 
-def _features(base, chunk, device) -> Tensor:
+def reply_batch(chunk: Sequence[tuple[Sequence[int], Sequence[int]]]):
+    """(prompt_ids, reply_ids) pairs as one right-padded batch: input ids, attention mask,
+    a float mask of the reply's positions, each row's last position and reply length."""
     n_ctx = max(len(p) + len(r) for p, r in chunk)
     input_ids = torch.zeros(len(chunk), n_ctx, dtype=torch.long)
     attention = torch.zeros(len(chunk), n_ctx, dtype=torch.long)
@@ -104,6 +106,11 @@ def _features(base, chunk, device) -> Tensor:
         reply_mask[i, p:p + r] = 1.0
         last[i] = p + r - 1
         lengths[i] = r
+    return input_ids, attention, reply_mask, last, lengths
+
+
+def _features(base, chunk, device) -> Tensor:
+    input_ids, attention, reply_mask, last, lengths = reply_batch(chunk)
     # Hidden states only: the decoder under the LM head, so no (B, L, V) logits are made
     # and thrown away (a model without get_decoder is asked for one column of logits).
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
