@@ -35,7 +35,8 @@ Advantages (``Hyper.advantage``), both whitened over real tokens with the sample
 
 The loss adds, with weight ``kl_loss_coef``, the k3 estimate of KL(new || ref) on each
 sampled token (as GRPO does): the penalty in the return only tells a whole reply that it
-strayed; this term pulls every token back towards the base, low-variance.
+strayed; this term pulls every token back towards the base, low-variance. It reads real
+tokens only, with the gap to the base capped at 20 nats like the ratio.
 
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
@@ -58,7 +59,8 @@ adaptive controller. The per-token penalty uses the sampled-token estimate
 ``logp_old - logp_ref``.
 
 A non-finite minibatch loss or gradient norm raises ``NonFiniteLoss``; ``train_policy``
-catches it once, stops the round without applying that step and reports ``nan: True``.
+catches it once, stops the round without applying that step and reports ``nan: True``
+with ``nan_reason`` (which term, which epoch and step), which the gate's message repeats.
 """
 from __future__ import annotations
 
@@ -506,12 +508,15 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     ent = weighted_mean(out.entropy, mb.mask, mb.weights)
     # KL(new || base) on the sampled tokens, k3 (never negative); its gradient pulls each
     # sampled token's probability back towards the base's, a low-variance pull that the
-    # sequence-level penalty in the return lacks
-    kl = weighted_mean(approx_kl(mb_logp_ref - out.logp), mb.mask, mb.weights)
+    # sequence-level penalty in the return lacks. Real tokens only, and the gap bounded like
+    # the ratio: at padding the forward scores the pad id, whose log-prob can sit below -88,
+    # and exp of that gap is inf, which the mask's 0 would turn into NaN.
+    gap = torch.where(mb.mask > 0, mb_logp_ref - out.logp, torch.zeros_like(out.logp))
+    kl = weighted_mean(approx_kl(gap.clamp(max=20)), mb.mask, mb.weights)
     loss = pg + hp.vf_coef * vf - hp.ent_coef * ent + hp.kl_loss_coef * kl
     if not torch.isfinite(loss):
-        parts = (float(x.detach()) for x in (loss, pg, vf, ent))
-        raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {})"
+        parts = (float(x.detach()) for x in (loss, pg, vf, ent, kl))
+        raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {}, KL {})"
                             .format(*parts))
     with torch.no_grad():
         old_logratio = out.logp - mb_logp_old  # new / old (round start): this round's movement
@@ -563,6 +568,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     step_groups = [range(s, min(s + acc, n_mb)) for s in range(0, n_mb, acc)]
     log: dict[str, list[float]] = {k: [] for k in (*DIAGNOSTICS, "grad_norm")}
     steps, epochs_run, early_stopped, nan = 0, 0, False, False
+    nan_reason = None
     try:
         with update_mode(policy.model, hp.gradient_checkpointing):
             for epoch in range(hp.ppo_epochs):
@@ -598,8 +604,9 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                 if hp.target_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > hp.target_kl:
                     early_stopped = True
                     break
-    except NonFiniteLoss:
+    except NonFiniteLoss as error:
         nan = True  # the failed step is never applied; the trainer's gate rejects the round
+        nan_reason = f"{error} at epoch {epochs_run}, step {steps + 1}"
     finally:
         optimizer.zero_grad(set_to_none=True)
     # 4. Where the round left the policy: exact KL to the base, then the controller.
@@ -609,7 +616,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     kl_coef_used = kl_ctl.coef
     kl_ctl.update(kl)
     mean = {k: (sum(v) / len(v) if v else math.nan) for k, v in log.items()}
-    nan = nan or not all(torch.isfinite(p).all() for p in params)
+    if not nan and not all(torch.isfinite(p).all() for p in params):
+        nan, nan_reason = True, "a trained weight is not finite"
     return {
         "reward_mean": float(b.rewards.mean()), "kl": kl, "approx_kl": mean["approx_kl"],
         "old_approx_kl": mean["old_approx_kl"], "clipfrac": mean["clipfrac"],
@@ -622,5 +630,6 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         "kl_coef": kl_coef_used, "kl_coef_next": kl_ctl.coef, "grad_norm": mean["grad_norm"],
         "epochs_run": epochs_run, "steps": steps, "early_stopped": early_stopped,
         "early_stop_epoch": epochs_run if early_stopped else None, "nan": nan,
+        "nan_reason": nan_reason,
         "update_seconds": time.perf_counter() - started,
     }

@@ -97,7 +97,8 @@ def gate(metrics: dict[str, Any], kl_max: float, max_perplexity_increase: float 
         ("value_loss",) if metrics.get("advantage", "gae") == "gae" else ())
     numbers = [metrics[k] for k in keys]
     if metrics.get("nan") or not all(math.isfinite(x) for x in numbers):
-        return "NaN in the round (loss, reward or weights)"
+        why = metrics.get("nan_reason")
+        return "NaN in the round (" + (why or "loss, reward or weights") + ")"
     if metrics["kl"] > kl_max:
         return f"KL to the base {metrics['kl']:.4f} per token exceeds kl_max {kl_max}"
     change = metrics.get("fluency_change")

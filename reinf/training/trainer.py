@@ -301,6 +301,8 @@ def merge_passes(passes: list[dict[str, Any]]) -> dict[str, Any]:
         if all(key in p for p in passes):
             merged[key] = sum(p[key] for p in passes)
     merged["nan"] = any(p["nan"] for p in passes)
+    merged["nan_reason"] = next((p.get("nan_reason") for p in passes if p.get("nan_reason")),
+                                None)
     merged["early_stopped"] = any(p["early_stopped"] for p in passes)
     if len(passes) > 1:
         merged["iterations"] = [{k: p[k] for k in PASS_FIGURES if k in p} for p in passes]

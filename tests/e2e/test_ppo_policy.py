@@ -165,6 +165,7 @@ def test_non_finite_gradient_stops_the_round(model_dir):
     metrics = train_policy(policy, torch.optim.AdamW(policy.parameters(), lr=1e-2), b,
                            KLController(0.05, 0.05), Hyper(batch_size=1))
     assert metrics["nan"] and metrics["steps"] == 0 and metrics["epochs_run"] == 1
+    assert metrics["nan_reason"] == "gradient norm is nan at epoch 1, step 1"
     assert math.isfinite(metrics["policy_loss"])  # the losses were fine, the gradient was not
     assert all(torch.equal(x, y) for x, y in zip(before, policy.parameters()))
     assert all(p.grad is None for p in policy.parameters())
@@ -205,7 +206,34 @@ def test_nan_in_rewards_stops_the_round(model_dir):
     metrics = train_policy(policy, torch.optim.AdamW(policy.parameters(), lr=1e-2), b,
                            KLController(0.05, 0.05), Hyper(batch_size=1))
     assert metrics["nan"] and metrics["steps"] == 0
+    assert metrics["nan_reason"].startswith("minibatch loss is nan (policy nan")
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+
+def test_padding_the_model_finds_improbable_does_not_stop_the_round(model_dir):
+    """Replies of different lengths pad the shorter one with token 0, and the forward scores
+    that pad token too. A model that gives it a log-prob far below -88 (an adapter can push
+    a token that far) must not turn the KL loss term into exp(inf) x 0 = NaN there (the
+    likely cause of the NaN rounds of smollm2-135m on a GPU, docs/benchmarks.md)."""
+    policy = build_policy(model_dir)
+    base = policy.model.get_base_model()
+
+    def pad_improbable(_module, _inputs, logits):
+        logits = logits.clone()
+        logits[..., 0] = -1e4  # log-prob about -14,000 at temperature 0.7
+        return logits
+
+    base.lm_head.register_forward_hook(pad_improbable)
+    episodes = [(PROMPT, [tk.GOOD, 77, 12, 2], None, T, 1.0, 1.0),
+                (PROMPT, [tk.BAD, 70], None, T, -1.0, 1.0)]  # 2 tokens, padded to 4
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = train_policy(policy, torch.optim.AdamW(policy.parameters(), lr=1e-2),
+                           build_rollout(episodes, groups=[0, 0]),
+                           KLController(0.02, 0.05),
+                           Hyper(batch_size=2, ppo_epochs=2, kl_loss_coef=0.01))
+    assert not metrics["nan"], metrics.get("nan_reason")
+    assert metrics["steps"] == 2 and math.isfinite(metrics["kl"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
 
 def test_engine_replies_reproduce_their_logprobs_in_the_trainer(home, model_dir):

@@ -381,6 +381,9 @@ def test_a_named_model_brings_a_bigger_round_where_it_trains_on_a_gpu(tmp_path):
     on_gpu = load_config(environ={**env, "REINF_DEVICE": "cuda"})
     assert on_gpu.training.rollout_prompts == gpu["training.rollout_prompts"]
     assert on_gpu.ppo.learning_rate == gpu["learning_rate"]
+    assert (on_gpu.training.rollout_iterations, on_gpu.ppo.kl_coef, on_gpu.ppo.kl_loss_coef) \
+        == (2, 0.02, 0.01)
+    assert on_gpu.origin_kind("kl_loss_coef") == "model"
     assert on_gpu.origin_kind("learning_rate") == "model"
     assert on_gpu.ppo.ppo_epochs == known.settings["ppo_epochs"]  # the rest still applies
     # training, not serving, decides: serving on the GPU, training on the CPU
@@ -388,6 +391,7 @@ def test_a_named_model_brings_a_bigger_round_where_it_trains_on_a_gpu(tmp_path):
     assert split.training.rollout_prompts == known.settings["training.rollout_prompts"]
     cpu = load_config(environ={**env, "REINF_DEVICE": "cpu"})
     assert cpu.ppo.learning_rate != gpu["learning_rate"]
+    assert (cpu.training.rollout_iterations, cpu.ppo.kl_loss_coef) == (1, 0.05)
     # what a person sets still wins
     mine = load_config(environ={**env, "REINF_DEVICE": "cuda", "REINF_LEARNING_RATE": "5e-4"})
     assert mine.ppo.learning_rate == 5e-4

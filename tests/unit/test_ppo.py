@@ -301,6 +301,38 @@ def test_kl_loss_pulls_sampled_tokens_back_towards_the_base(kl_loss_coef):
         assert grad[0] > 0 > grad[1]
 
 
+def test_kl_loss_reads_real_tokens_only_and_bounds_the_gap():
+    """At padding the forward scores the pad id, and a model may find it very improbable:
+    exp(gap) there is inf, and the mask's 0 would make it NaN. A real token far below the
+    base is bounded like the policy ratio (a gap of 20 nats at most)."""
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0),
+                       ([1], [4], [-1.0], 1.0, 0.0, 1.0)])  # padded to 2 tokens
+    policy = OneTokenPolicy([[-0.2, -3.0], [-1.5, -200.0]])  # -200: the pad position
+    zero = torch.zeros(2, 2)
+    loss, stats = minibatch_loss(policy, b, zero, b.logp_behaviour, b.logp_behaviour, zero,
+                                 zero, Hyper(advantage="rloo", kl_loss_coef=0.5))
+    assert torch.isfinite(loss)
+    k3 = [(math.exp(-1 - x) - 1) - (-1 - x) for x in (-0.2, -3.0, -1.5)]
+    assert float(stats["kl"]) == pytest.approx(sum(k3) / 3, rel=1e-5)
+
+    far = OneTokenPolicy([[-0.2, -300.0], [-1.5, 0.0]])  # a real token 299 nats below
+    loss, stats = minibatch_loss(far, b, zero, b.logp_behaviour, b.logp_behaviour, zero,
+                                 zero, Hyper(advantage="rloo", kl_loss_coef=0.5))
+    k3 = [(math.exp(-1 - x) - 1) - (-1 - x) for x in (-0.2, -1.5)] + [math.exp(20) - 21]
+    assert torch.isfinite(loss)
+    assert float(stats["kl"]) == pytest.approx(sum(k3) / 3, rel=1e-5)
+
+
+def test_the_gate_names_what_was_not_finite():
+    from reinf.training.promotion import gate
+
+    ok = {"reward_mean": 0.1, "kl": 0.01, "policy_loss": -0.02, "advantage": "rloo"}
+    why = "minibatch loss is nan (policy nan, value 0.0, entropy 1.2, KL 0.1) at epoch 1, step 3"
+    assert gate({**ok, "nan": True, "nan_reason": why}, kl_max=1.0) == f"NaN in the round ({why})"
+    assert gate({**ok, "nan": True}, kl_max=1.0) == \
+        "NaN in the round (loss, reward or weights)"
+
+
 def test_the_gate_reads_the_value_loss_only_where_the_value_head_trained():
     """RLOO rounds report value_loss as nan (no value head); that is no NaN in the round.
     A GAE round's nan value loss still is."""
