@@ -391,7 +391,9 @@ def test_a_named_model_brings_a_bigger_round_where_it_trains_on_a_gpu(tmp_path):
     assert split.training.rollout_prompts == known.settings["training.rollout_prompts"]
     cpu = load_config(environ={**env, "REINF_DEVICE": "cpu"})
     assert cpu.ppo.learning_rate != gpu["learning_rate"]
-    assert (cpu.training.rollout_iterations, cpu.ppo.kl_loss_coef) == (1, 0.05)
+    assert cpu.training.rollout_iterations == 1  # the second pass is the GPU's alone
+    assert (cpu.ppo.kl_coef, cpu.ppo.kl_loss_coef) == (0.02, 0.01)  # the model's, on both
+    assert load_config(environ={"REINF_HOME": str(tmp_path)}).ppo.kl_loss_coef == 0.05
     # what a person sets still wins
     mine = load_config(environ={**env, "REINF_DEVICE": "cuda", "REINF_LEARNING_RATE": "5e-4"})
     assert mine.ppo.learning_rate == 5e-4
