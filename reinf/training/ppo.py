@@ -35,8 +35,8 @@ Advantages (``Hyper.advantage``), both whitened over real tokens with the sample
 
 The loss adds, with weight ``kl_loss_coef``, the k3 estimate of KL(new || ref) on each
 sampled token (as GRPO does): the penalty in the return only tells a whole reply that it
-strayed; this term pulls every token back towards the base, low-variance. It reads real
-tokens only, with the gap to the base capped at 20 nats like the ratio.
+strayed; this term pulls every token back towards the base, low-variance. The gap to the
+base is capped at 20 nats like the ratio, so padding (masked out) cannot make it inf.
 
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
@@ -508,11 +508,11 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     ent = weighted_mean(out.entropy, mb.mask, mb.weights)
     # KL(new || base) on the sampled tokens, k3 (never negative); its gradient pulls each
     # sampled token's probability back towards the base's, a low-variance pull that the
-    # sequence-level penalty in the return lacks. Real tokens only, and the gap bounded like
-    # the ratio: at padding the forward scores the pad id, whose log-prob can sit below -88,
-    # and exp of that gap is inf, which the mask's 0 would turn into NaN.
-    gap = torch.where(mb.mask > 0, mb_logp_ref - out.logp, torch.zeros_like(out.logp))
-    kl = weighted_mean(approx_kl(gap.clamp(max=20)), mb.mask, mb.weights)
+    # sequence-level penalty in the return lacks. The gap is bounded like the ratio: at
+    # padding the forward scores the pad id, whose log-prob can sit below -88, and exp of
+    # that gap would be inf, which the mask's 0 turns into NaN; bounded, padding adds 0.
+    gap = (mb_logp_ref - out.logp).clamp(max=20)
+    kl = weighted_mean(approx_kl(gap), mb.mask, mb.weights)
     loss = pg + hp.vf_coef * vf - hp.ent_coef * ent + hp.kl_loss_coef * kl
     if not torch.isfinite(loss):
         parts = (float(x.detach()) for x in (loss, pg, vf, ent, kl))
