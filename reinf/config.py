@@ -401,6 +401,42 @@ def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | 
     return cfg
 
 
+def hidden_model_defaults(cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """The named model's own defaults (``model_preset``) that config.yaml hides: public name
+    -> (the file's value, the model's). A key set in the file wins over the model's, which
+    is right when the person chose it; a file written by an earlier ``reinf init`` set
+    every key to the built-in default, and so hid them all without anyone choosing."""
+    preset = model_preset(cfg.model.model_path,
+                          gpu=lambda: trains_on_gpu(cfg.model.device, cfg.ppo.train_device))
+    values = cfg.to_dict()
+    by_public = _by_public()
+    hidden = {}
+    for name, model_value in preset.items():
+        info = by_public[name]
+        mine = values[info.section][info.key]
+        if cfg.origin_kind(name) == "file" and mine != model_value:
+            hidden[name] = (mine, model_value)
+    return hidden
+
+
+def hidden_model_defaults_note(cfg: Config, *, at_default_only: bool = False) -> str | None:
+    """One line naming what :func:`hidden_model_defaults` found and the fix, or None. With
+    ``at_default_only``, only keys the file sets to the built-in default count: the mark of
+    a file from an earlier ``reinf init`` rather than of a choice (``reinf status`` warns
+    of those; ``reinf config show`` names them all)."""
+    hidden = hidden_model_defaults(cfg)
+    if at_default_only:
+        defaults = {s.public: s.default for s in settings()}
+        hidden = {name: pair for name, pair in hidden.items() if pair[0] == defaults[name]}
+    if not hidden:
+        return None
+    shown = ", ".join(f"{name} {json.dumps(mine)} (model: {json.dumps(model)})"
+                      for name, (mine, model) in hidden.items())
+    return (f"{cfg.source} sets {len(hidden)} key(s) that {cfg.model.model_path} has its own "
+            f"defaults for: {shown}; comment those lines out to take the model's (a "
+            "config.yaml from an earlier `reinf init` sets every key to the built-in default)")
+
+
 def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> set[str]:
     """Put the file's settings into ``tree``; return their public names."""
     where = str(file)
@@ -684,15 +720,26 @@ def _suggest(word: str, options: set[str], otherwise: str) -> str:
 
 # --- output ----------------------------------------------------------------------------
 
-def render_yaml(cfg: Config | None = None, *, origins: bool = False) -> str:
+def render_yaml(cfg: Config | None = None, *, origins: bool = False,
+                commented: bool = False) -> str:
     """The config as commented YAML: every key, a one-line comment, its value. With
     ``origins``, each comment starts with where the value came from: ``[default]``,
     ``[model]`` (the named model's preset), ``[file]``, ``[environment REINF_PORT]``,
-    ``[flag]`` (``reinf config show``)."""
+    ``[flag]`` (``reinf config show``). With ``commented``, every key line is itself a
+    comment (``  # port: 8765  # help``): the file ``reinf init`` writes, where a key takes
+    its default, or the named model's own, until the person uncomments it."""
     cfg = cfg or Config(storage=StorageConfig())
-    lines = ["# Reinf configuration. Every key, its default and one line of help.",
-             "# Precedence: defaults < this file < environment (REINF_KEY) < flags.",
-             "# Copy to $REINF_HOME/config.yaml (reinf init does) and edit there.", ""]
+    if commented:
+        lines = ["# Reinf configuration: every key, its default and one line of help.",
+                 "# Every key is commented out, so it takes its default, or the model's own",
+                 "# (`reinf config show` marks those [model]); uncomment a line to set it.",
+                 "# Precedence: defaults < the model's defaults < this file < environment",
+                 "# (REINF_KEY) < flags.", ""]
+    else:
+        lines = ["# Reinf configuration. Every key, its default and one line of help.",
+                 "# Precedence: defaults < the model's defaults < this file < environment",
+                 "# (REINF_KEY) < flags. `reinf init` writes this file into $REINF_HOME with",
+                 "# every key commented out; uncomment and edit there what you change.", ""]
     values = cfg.to_dict()
     current = None
     for info in settings():
@@ -708,5 +755,5 @@ def render_yaml(cfg: Config | None = None, *, origins: bool = False) -> str:
             kind = cfg.origin_kind(info.public)
             mark = f"[{kind} {cfg.env_names[info.public]}] " if kind == "environment" \
                 else f"[{kind}] "
-        lines.append(f"  {info.key}: {dumped}  # {mark}{info.help}")
+        lines.append(f"  {'# ' if commented else ''}{info.key}: {dumped}  # {mark}{info.help}")
     return "\n".join(lines) + "\n"

@@ -43,7 +43,7 @@ def init(app, model_name, skip_model, as_json):
     app.store  # opening the store creates the DB and applies migrations
     config_file = home / "config.yaml"
     if not config_file.exists():
-        text = render_yaml()
+        text = render_yaml(commented=True)  # so a named model's own defaults apply
         if model_name:  # the choice is kept: `reinf serve` must run what init set up
             text = _set_yaml_value(text, "model_path", model_name)
         config_file.write_text(text, encoding="utf-8")
@@ -85,15 +85,17 @@ def init(app, model_name, skip_model, as_json):
 
 
 def _set_yaml_value(text: str, key: str, value: str) -> str:
-    """``text`` (render_yaml's output) with ``key``'s value replaced, its comment kept."""
+    """``text`` (render_yaml's output) with ``key``'s value replaced and its line
+    uncommented, its comment kept."""
     import json
 
     out = []
     for line in text.splitlines():
         stripped = line.lstrip()
-        if stripped.startswith(f"{key}: "):
+        setting = stripped[2:] if stripped.startswith("# ") else stripped
+        if setting.startswith(f"{key}: "):
             indent = line[:len(line) - len(stripped)]
-            comment = stripped.split("  # ", 1)[1] if "  # " in stripped else ""
+            comment = setting.split("  # ", 1)[1] if "  # " in setting else ""
             line = f"{indent}{key}: {json.dumps(value)}" + (f"  # {comment}" if comment else "")
         out.append(line)
     return "\n".join(out) + "\n"
@@ -188,8 +190,7 @@ def config_group():
 @click.pass_obj
 def config_show(app, as_json):
     """The effective config after the file, environment variables and flags."""
-    from reinf.config import render_yaml
-
+    from reinf.config import hidden_model_defaults, hidden_model_defaults_note, render_yaml
     from reinf.config import settings
 
     cfg = app.config
@@ -197,12 +198,16 @@ def config_show(app, as_json):
         names = [s.public for s in settings()]
         emit({"source": cfg.source, **cfg.to_dict(),
               "origins": {name: cfg.origin_kind(name) for name in names},
+              "hidden_model_defaults": {name: {"file": mine, "model": model} for name, (
+                  mine, model) in hidden_model_defaults(cfg).items()},
               "environment": {name: var for name, var in cfg.env_names.items()
                               if cfg.origin_kind(name) == "environment"}}, True, None)
     else:
         click.echo(f"# effective config (file: {cfg.source or 'none, defaults'}); each "
                    "comment starts with where the value came from")
         click.echo(render_yaml(cfg, origins=True), nl=False)
+        if (note := hidden_model_defaults_note(cfg)) is not None:
+            click.echo(f"\nnote: {note}", err=True)
 
 
 @click.group(name="db")

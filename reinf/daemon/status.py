@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from reinf.catalog import resolve_model_path
-from reinf.config import Config
+from reinf.config import Config, hidden_model_defaults_note
 from reinf.model.lora import lora_target_warnings, read_layers
 from reinf.model.memory import plan_memory, planned_device
 from reinf.serving.best_of import best_of_state, read_rater
@@ -60,6 +60,8 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "warnings": warnings,
     }
     warnings.extend((schedule or {}).get("warnings") or [])
+    if (hidden := hidden_model_defaults_note(round_config, at_default_only=True)) is not None:
+        warnings.append(hidden)
     if engine is None:  # what a model load would use here, without loading one
         out["model"]["device_in_use"] = planned_device(config.model.device)
     if engine is not None:

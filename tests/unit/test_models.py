@@ -86,6 +86,54 @@ def test_init_sets_up_the_real_model_in_a_new_data_directory(invoke, home, monke
     assert 'model_path: "reinf-demo"' in (home / "config.yaml").read_text()
 
 
+def test_init_writes_every_key_commented_so_the_models_own_defaults_apply(invoke, home,
+                                                                         monkeypatch):
+    """A config.yaml from `reinf init` used to set every key to the built-in default, which
+    hid smollm2-135m's own (192 reply tokens, the lighter KL): the product ran a round the
+    benchmarks never measured. Now only the model is set; the rest stays the model's."""
+    import json
+
+    from reinf.catalog import KNOWN_MODELS
+
+    monkeypatch.setenv("REINF_DEVICE", "cpu")
+    assert invoke("init", "--skip-model").exit_code == 0
+    text = (home / "config.yaml").read_text()
+    assert "\n  # port: 8765  # TCP port" in text and "\n  port:" not in text
+    shown = json.loads(invoke("config", "show", "--json").output)
+    preset = KNOWN_MODELS["smollm2-135m"].settings
+    assert shown["generation"]["max_new_tokens"] == preset["max_new_tokens"] != 128
+    assert shown["ppo"]["kl_loss_coef"] == preset["kl_loss_coef"]
+    assert shown["origins"]["kl_loss_coef"] == "model"
+    assert shown["origins"]["model_path"] == "file" and shown["hidden_model_defaults"] == {}
+    # uncommenting a line sets it, over the model's default
+    (home / "config.yaml").write_text(text.replace("  # max_new_tokens: 128", "  max_new_tokens: 64"))
+    shown = json.loads(invoke("config", "show", "--json").output)
+    assert shown["generation"]["max_new_tokens"] == 64 and shown["origins"]["max_new_tokens"] == "file"
+    assert shown["hidden_model_defaults"] == {
+        "max_new_tokens": {"file": 64, "model": preset["max_new_tokens"]}}
+    status = json.loads(invoke("status", "--json").output)
+    assert not any("max_new_tokens" in w for w in status["warnings"])  # a choice, not stale
+
+
+def test_a_config_from_an_earlier_init_is_named_as_hiding_the_models_defaults(invoke, home,
+                                                                             monkeypatch):
+    import json
+
+    from reinf.config import load_config, render_yaml
+
+    monkeypatch.setenv("REINF_DEVICE", "cpu")
+    home.mkdir(parents=True)
+    full = render_yaml(load_config(environ={"REINF_HOME": str(home)}))  # every key, demo defaults
+    (home / "config.yaml").write_text(full.replace('model_path: "reinf-demo"',
+                                                   'model_path: "smollm2-135m"'))
+    assert invoke("init", "--skip-model").exit_code == 0  # the file is kept as it is
+    status = json.loads(invoke("status", "--json").output)
+    warning = next(w for w in status["warnings"] if "has its own defaults" in w)
+    assert "kl_loss_coef 0.05 (model: 0.01)" in warning and "comment those lines out" in warning
+    result = invoke("config", "show")
+    assert "note: " in result.output and "max_new_tokens 128 (model: 192)" in result.output
+
+
 def test_init_keeps_a_model_chosen_in_the_environment(invoke, home, monkeypatch):
     monkeypatch.setenv("REINF_MODEL_PATH", "reinf-demo")
     assert invoke("init", "--skip-model").exit_code == 0
