@@ -42,6 +42,7 @@ def serve(app, host, port, no_train):
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the log
         from reinf.serving.chat import ChatService  # torch and transformers: after the quick checks
         from reinf.catalog import resolve_model_path
+        from reinf.config import hidden_model_defaults_note
         from reinf.serving.engine import Engine
         from webui import create_app
 
@@ -50,6 +51,8 @@ def serve(app, host, port, no_train):
         engine = Engine.load(config)
         for warning in engine.warnings:
             click.echo(f"warning: {warning}", err=True)
+        if (hidden := hidden_model_defaults_note(config, at_default_only=True)) is not None:
+            click.echo(f"warning: {hidden}", err=True)
         chat = ChatService(engine, store, config)
         # --no-train keeps the daemon (rollback, "Train now") but schedules nothing.
         daemon = Daemon(config, store, engine, lock=lock, schedule=not no_train).start()
