@@ -433,8 +433,9 @@ def hidden_model_defaults_note(cfg: Config, *, at_default_only: bool = False) ->
     shown = ", ".join(f"{name} {json.dumps(mine)} (model: {json.dumps(model)})"
                       for name, (mine, model) in hidden.items())
     return (f"{cfg.source} sets {len(hidden)} key(s) that {cfg.model.model_path} has its own "
-            f"defaults for: {shown}; comment those lines out to take the model's (a "
-            "config.yaml from an earlier `reinf init` sets every key to the built-in default)")
+            f"defaults for: {shown}; `reinf config reset --model-defaults` comments those "
+            "lines out to take the model's (a config.yaml from an earlier `reinf init` sets "
+            "every key to the built-in default)")
 
 
 def _merge_file(tree: dict[str, dict[str, Any]], file: Path) -> set[str]:
@@ -716,6 +717,81 @@ def is_loopback(host: str) -> bool:
 def _suggest(word: str, options: set[str], otherwise: str) -> str:
     close = difflib.get_close_matches(word, sorted(options), n=1)
     return f"did you mean '{close[0]}'?" if close else otherwise
+
+
+# --- editing the file ------------------------------------------------------------------
+
+def comment_out_settings(file: Path, names: list[str]) -> list[str]:
+    """Comment the lines of settings ``names`` (public names, or ``section.key``) out of
+    config file ``file``, so each takes its default again (the named model's own where it
+    has one): ``reinf config reset``. The value stays in the file, as a comment, so nothing
+    a person wrote is lost. Returns the public names that were set there; a name set in a
+    form this cannot edit (a flow-style section) is an error, and nothing is written."""
+    public = _by_public()
+    by_place = {f"{s.section}.{s.key}": s.public for s in public.values()}
+    wanted: list[str] = []
+    for name in names:
+        if name not in public and name not in by_place:
+            raise ConfigError(f"unknown setting '{name}'", key=name,
+                              fix=_suggest(name, set(public) | set(by_place),
+                                           "`reinf config show` lists every key"))
+        wanted.append(name if name in public else by_place[name])
+    text = file.read_text(encoding="utf-8")
+    in_file = _merge_file({section: {} for section in SECTIONS}, file)
+    targets = [name for name in dict.fromkeys(wanted) if name in in_file]
+    if not targets:
+        return []
+    places = {(public[n].section, public[n].key) for n in targets} | {(None, n) for n in targets}
+    out, section, cut_below = [], None, None
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        indent = len(body) - len(body.lstrip())
+        if cut_below is not None:  # the rest of a value that spans lines
+            if not body.strip() or indent > cut_below:
+                out.append(_commented(line, cut_below) if body.strip() else line)
+                continue
+            cut_below = None
+        stripped = body.strip()
+        key = stripped.split(":", 1)[0].strip() if ":" in stripped else None
+        if indent == 0 and key is not None and not stripped.startswith("#"):
+            section = key if key in SECTIONS else None
+            if section is None and (None, key) in places:
+                out.append(_commented(line, 0))
+                cut_below = 0
+                continue
+        elif section is not None and key is not None and not stripped.startswith("#") \
+                and (section, key) in places:
+            out.append(_commented(line, indent))
+            cut_below = indent
+            continue
+        out.append(line)
+    new_text = "".join(out)
+    try:  # the edit must remove exactly those settings and change nothing else
+        before = yaml.safe_load(text) or {}
+        after = yaml.safe_load(new_text) or {}
+    except yaml.YAMLError:
+        after = None
+    expected = {top: ({k: v for k, v in value.items() if (top, k) not in places}
+                      if top in SECTIONS and isinstance(value, dict) else value)
+                for top, value in before.items() if (None, top) not in places}
+    normalise = lambda tree: {k: v for k, v in tree.items() if v not in (None, {})}  # noqa: E731
+    if after is None or normalise(after) != normalise(expected):
+        raise ConfigError(f"could not comment {', '.join(targets)} out of {file} line by line "
+                          "(a section written on one line?)",
+                          fix="edit the file by hand: delete those keys or put `#` before them")
+    scratch = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    try:  # 600, like everything in the data directory; then one rename, never half a file
+        with os.fdopen(os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                       encoding="utf-8") as handle:
+            handle.write(new_text)
+        os.replace(scratch, file)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return targets
+
+
+def _commented(line: str, indent: int) -> str:
+    return f"{line[:indent]}# {line[indent:]}"
 
 
 # --- output ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Set-up and inspection commands: init, status, config show, db upgrade|recover, checkpoints,
-rollback."""
+"""Set-up and inspection commands: init, status, config show|reset, db upgrade|recover,
+checkpoints, rollback."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -208,6 +208,52 @@ def config_show(app, as_json):
         click.echo(render_yaml(cfg, origins=True), nl=False)
         if (note := hidden_model_defaults_note(cfg)) is not None:
             click.echo(f"\nnote: {note}", err=True)
+
+
+@config_group.command(name="reset")
+@click.argument("keys", nargs=-1)
+@click.option("--model-defaults", is_flag=True,
+              help="Every key the file sets that the named model has its own default for.")
+@json_option
+@click.pass_obj
+def config_reset(app, keys, model_defaults, as_json):
+    """Comment KEYS out of config.yaml: each takes its default again (the model's own where
+    it has one). The old value stays in the file as a comment."""
+    import json
+
+    from reinf.config import comment_out_settings, hidden_model_defaults
+    from reinf.daemon.status import ROUND_SECTIONS
+    from reinf.errors import BadInput
+
+    cfg = app.config
+    if not keys and not model_defaults:
+        raise BadInput("name the keys to reset, or --model-defaults",
+                       fix="e.g. `reinf config reset max_new_tokens kl_coef`")
+    if cfg.source is None:
+        raise BadInput("there is no config file, so every key already has its default",
+                       fix="`reinf init` writes one; `reinf config show` says where each "
+                           "value comes from")
+    names = [*keys, *(hidden_model_defaults(cfg) if model_defaults else ())]
+    reset = comment_out_settings(Path(cfg.source), names) if names else []
+    app.override()  # read the file again: what the keys are now
+    now = app.config
+    data = {"file": cfg.source, "reset": reset,
+            "now": {name: {"value": _public_value(now, name), "from": now.origin_kind(name)}
+                    for name in reset}}
+    emit(data, as_json, lambda d: click.echo(
+        f"nothing to reset: {d['file']} sets none of those keys" if not d["reset"] else
+        f"commented out in {d['file']}:\n" + "".join(
+            f"  {name}: now {json.dumps(v['value'])} ({v['from']})\n"
+            for name, v in d["now"].items())
+        + f"a running server takes the {', '.join(ROUND_SECTIONS)} keys at its next round; "
+          "restart it for the others"))
+
+
+def _public_value(cfg, name: str):
+    from reinf.config import settings
+
+    info = next(s for s in settings() if s.public == name)
+    return cfg.to_dict()[info.section][info.key]
 
 
 @click.group(name="db")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 import sys
 
@@ -425,3 +426,43 @@ def test_best_of_is_one_to_eight(home, value, words):
     assert f"best_of = {value}" in str(info.value) and info.value.fix
     assert load_config(environ=env).generation.best_of == 1  # off by default
     assert load_config(environ=env, overrides={"best_of": 8}).generation.best_of == 8
+
+
+def test_reset_comments_keys_out_and_changes_nothing_else(tmp_path, home):
+    from reinf.config import comment_out_settings
+
+    original = ("# mine\nserver:\n  port: 9000  # my port\n  threads: 4\nppo:\n"
+                "  kl_coef: 0.3\n  learning_rate: 0.01\nrewards:\n  tag_adjustments:\n"
+                "    rude: -1\n    wrong: -0.5\n  reward_min: -2\nmax_new_tokens: 64\n"
+                "lora:\n  r: 4\n")
+    f = write(tmp_path / "c.yaml", original)
+    env = {"REINF_HOME": str(home)}
+    reset = comment_out_settings(f, ["port", "ppo.kl_coef", "tag_adjustments",
+                                     "max_new_tokens", "lora.r", "top_p"])
+    assert reset == ["port", "kl_coef", "tag_adjustments", "max_new_tokens", "lora.r"]
+    text = f.read_text()
+    assert "  # port: 9000  # my port\n" in text and "  #   rude: -1\n" in text
+    assert "# max_new_tokens: 64\n" in text and text.startswith("# mine\nserver:\n")
+    cfg = load_config(f, environ=env)
+    kinds = {n: cfg.origin_kind(n) for n in ("port", "kl_coef", "tag_adjustments",
+                                              "max_new_tokens", "lora.r", "threads",
+                                              "learning_rate", "reward_min")}
+    assert kinds == {"port": "default", "kl_coef": "default", "tag_adjustments": "default",
+                     "max_new_tokens": "default", "lora.r": "default", "threads": "file",
+                     "learning_rate": "file", "reward_min": "file"}
+    assert cfg.ppo.learning_rate == 0.01 and cfg.rewards.reward_min == -2
+    assert (f.stat().st_mode & 0o777) == 0o600 or os.name != "posix"
+    assert comment_out_settings(f, ["port"]) == []  # already a comment
+    with pytest.raises(ConfigError, match="did you mean 'kl_coef'"):
+        comment_out_settings(f, ["kl_cof"])
+
+
+def test_reset_refuses_a_section_it_cannot_edit_line_by_line(tmp_path, home):
+    from reinf.config import comment_out_settings
+
+    f = write(tmp_path / "c.yaml", "ppo: {kl_coef: 0.3, learning_rate: 0.01}\n")
+    with pytest.raises(ConfigError) as info:
+        comment_out_settings(f, ["kl_coef"])
+    assert "edit the file by hand" in info.value.fix
+    assert f.read_text() == "ppo: {kl_coef: 0.3, learning_rate: 0.01}\n"  # untouched
+    assert list(tmp_path.glob(".c.yaml.tmp-*")) == []

@@ -129,9 +129,18 @@ def test_a_config_from_an_earlier_init_is_named_as_hiding_the_models_defaults(in
     assert invoke("init", "--skip-model").exit_code == 0  # the file is kept as it is
     status = json.loads(invoke("status", "--json").output)
     warning = next(w for w in status["warnings"] if "has its own defaults" in w)
-    assert "kl_loss_coef 0.05 (model: 0.01)" in warning and "comment those lines out" in warning
+    assert "kl_loss_coef 0.05 (model: 0.01)" in warning and "reinf config reset --model-defaults" in warning
     result = invoke("config", "show")
     assert "note: " in result.output and "max_new_tokens 128 (model: 192)" in result.output
+    # the fix the warning names
+    reset = json.loads(invoke("config", "reset", "--model-defaults", "--json").output)
+    assert "kl_loss_coef" in reset["reset"] and "max_new_tokens" in reset["reset"]
+    assert reset["now"]["kl_loss_coef"] == {"value": 0.01, "from": "model"}
+    status = json.loads(invoke("status", "--json").output)
+    assert not any("has its own defaults" in w for w in status["warnings"]), status["warnings"]
+    text = (home / "config.yaml").read_text()
+    assert "  # kl_loss_coef: 0.05  # " in text  # the old value is kept, as a comment
+    assert 'model_path: "smollm2-135m"' in text and "\n  port: 8765" in text
 
 
 def test_init_keeps_a_model_chosen_in_the_environment(invoke, home, monkeypatch):
