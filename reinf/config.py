@@ -774,8 +774,7 @@ def comment_out_settings(file: Path, names: list[str]) -> list[str]:
     expected = {top: ({k: v for k, v in value.items() if (top, k) not in places}
                       if top in SECTIONS and isinstance(value, dict) else value)
                 for top, value in before.items() if (None, top) not in places}
-    normalise = lambda tree: {k: v for k, v in tree.items() if v not in (None, {})}  # noqa: E731
-    if after is None or normalise(after) != normalise(expected):
+    if after is None or _without_empty(after) != _without_empty(expected):
         raise ConfigError(f"could not comment {', '.join(targets)} out of {file} line by line "
                           "(a section written on one line?)",
                           fix="edit the file by hand: delete those keys or put `#` before them")
@@ -788,6 +787,12 @@ def comment_out_settings(file: Path, names: list[str]) -> list[str]:
     finally:
         scratch.unlink(missing_ok=True)
     return targets
+
+
+def _without_empty(tree: dict) -> dict:
+    """A parsed file without its empty sections (a section whose keys are all comments
+    reads as None)."""
+    return {key: value for key, value in tree.items() if value not in (None, {})}
 
 
 def _commented(line: str, indent: int) -> str:
