@@ -21,7 +21,7 @@ from reinf.cli.common import emit, json_option
 def init(app, model_name, skip_model, as_json):
     """Create the data directory, database, config.yaml, reward_mapper.py, and fetch the
     model (pull a named one, build the demo one) if it is missing."""
-    from reinf.config import render_yaml
+    from reinf.config import hidden_model_defaults_note, render_yaml
     from reinf.catalog import DEMO_MODEL, resolve_model_path
     from reinf.catalog import INIT_MODEL
 
@@ -82,6 +82,9 @@ def init(app, model_name, skip_model, as_json):
         f"Reinf is ready in {d['data_dir']}\n"
         + "".join(f"  created {p}\n" for p in d["created"])
         + f"  model: {d['model_path']}\nnext: `reinf serve` (web UI) or `reinf chat`"))
+    app.override()  # read config.yaml as it is now: an earlier init's file is kept, and named
+    if (hidden := hidden_model_defaults_note(app.config, at_default_only=True)) is not None:
+        click.echo(f"warning: {hidden}", err=True)
 
 
 def _set_yaml_value(text: str, key: str, value: str) -> str:

@@ -126,7 +126,8 @@ def test_a_config_from_an_earlier_init_is_named_as_hiding_the_models_defaults(in
     full = render_yaml(load_config(environ={"REINF_HOME": str(home)}))  # every key, demo defaults
     (home / "config.yaml").write_text(full.replace('model_path: "reinf-demo"',
                                                    'model_path: "smollm2-135m"'))
-    assert invoke("init", "--skip-model").exit_code == 0  # the file is kept as it is
+    again = invoke("init", "--skip-model")  # the file is kept as it is, and named
+    assert again.exit_code == 0 and "reinf config reset --model-defaults" in again.output
     status = json.loads(invoke("status", "--json").output)
     warning = next(w for w in status["warnings"] if "has its own defaults" in w)
     assert "kl_loss_coef 0.05 (model: 0.01)" in warning and "reinf config reset --model-defaults" in warning
