@@ -302,6 +302,11 @@ class Config:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
+    def value(self, name: str) -> Any:
+        """Setting ``name``'s value, by public name (``kl_coef``, ``lora.r``)."""
+        info = _by_public()[name]
+        return getattr(getattr(self, info.section), info.key)
+
     def origin_kind(self, name: str) -> str:
         """Where setting ``name`` (public name) came from: default, file, environment, flag
         or override."""
@@ -392,9 +397,8 @@ def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | 
     if flags:
         cfg = _build(cfg.to_dict(), flags, kind="flag", file=cfg.source, origins=cfg.origins,
                      env_names=cfg.env_names)
-    preset = model_preset(cfg.model.model_path,
-                          gpu=lambda: trains_on_gpu(cfg.model.device, cfg.ppo.train_device))
-    preset = {name: value for name, value in preset.items() if cfg.origin_kind(name) == "default"}
+    preset = {name: value for name, value in _model_preset_of(cfg).items()
+              if cfg.origin_kind(name) == "default"}
     if preset:  # the named model's own defaults, under anything the person set
         cfg = _build(cfg.to_dict(), preset, kind="model", file=cfg.source, origins=cfg.origins,
                      env_names=cfg.env_names)
@@ -406,17 +410,15 @@ def hidden_model_defaults(cfg: Config) -> dict[str, tuple[Any, Any]]:
     -> (the file's value, the model's). A key set in the file wins over the model's, which
     is right when the person chose it; a file written by an earlier ``reinf init`` set
     every key to the built-in default, and so hid them all without anyone choosing."""
-    preset = model_preset(cfg.model.model_path,
-                          gpu=lambda: trains_on_gpu(cfg.model.device, cfg.ppo.train_device))
-    values = cfg.to_dict()
-    by_public = _by_public()
-    hidden = {}
-    for name, model_value in preset.items():
-        info = by_public[name]
-        mine = values[info.section][info.key]
-        if cfg.origin_kind(name) == "file" and mine != model_value:
-            hidden[name] = (mine, model_value)
-    return hidden
+    return {name: (cfg.value(name), model_value)
+            for name, model_value in _model_preset_of(cfg).items()
+            if cfg.origin_kind(name) == "file" and cfg.value(name) != model_value}
+
+
+def _model_preset_of(cfg: Config) -> dict[str, Any]:
+    """The named model's own defaults for where ``cfg`` trains (``model_preset``)."""
+    return model_preset(cfg.model.model_path,
+                        gpu=lambda: trains_on_gpu(cfg.model.device, cfg.ppo.train_device))
 
 
 def hidden_model_defaults_note(cfg: Config, *, at_default_only: bool = False) -> str | None:

@@ -42,7 +42,8 @@ def init(app, model_name, skip_model, as_json):
     (home / "checkpoints").mkdir(exist_ok=True)
     app.store  # opening the store creates the DB and applies migrations
     config_file = home / "config.yaml"
-    if not config_file.exists():
+    kept_file = config_file.exists()
+    if not kept_file:
         text = render_yaml(commented=True)  # so a named model's own defaults apply
         if model_name:  # the choice is kept: `reinf serve` must run what init set up
             text = _set_yaml_value(text, "model_path", model_name)
@@ -82,8 +83,8 @@ def init(app, model_name, skip_model, as_json):
         f"Reinf is ready in {d['data_dir']}\n"
         + "".join(f"  created {p}\n" for p in d["created"])
         + f"  model: {d['model_path']}\nnext: `reinf serve` (web UI) or `reinf chat`"))
-    app.override()  # read config.yaml as it is now: an earlier init's file is kept, and named
-    if (hidden := hidden_model_defaults_note(app.config, at_default_only=True)) is not None:
+    # an earlier init's file is kept as it is, and named if it hides the model's defaults
+    if kept_file and (hidden := hidden_model_defaults_note(cfg, at_default_only=True)):
         click.echo(f"warning: {hidden}", err=True)
 
 
@@ -241,7 +242,7 @@ def config_reset(app, keys, model_defaults, as_json):
     app.override()  # read the file again: what the keys are now
     now = app.config
     data = {"file": cfg.source, "reset": reset,
-            "now": {name: {"value": _public_value(now, name), "from": now.origin_kind(name)}
+            "now": {name: {"value": now.value(name), "from": now.origin_kind(name)}
                     for name in reset}}
     emit(data, as_json, lambda d: click.echo(
         f"nothing to reset: {d['file']} sets none of those keys" if not d["reset"] else
@@ -250,13 +251,6 @@ def config_reset(app, keys, model_defaults, as_json):
             for name, v in d["now"].items())
         + f"a running server takes the {', '.join(ROUND_SECTIONS)} keys at its next round; "
           "restart it for the others"))
-
-
-def _public_value(cfg, name: str):
-    from reinf.config import settings
-
-    info = next(s for s in settings() if s.public == name)
-    return cfg.to_dict()[info.section][info.key]
 
 
 @click.group(name="db")
