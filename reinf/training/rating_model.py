@@ -11,7 +11,16 @@ the reply's own token positions:
 - the mean input embedding (which tokens the reply uses),
 - the mean hidden state of the middle layer and of the last layer (what the reply says),
 - the last layer's hidden state at the final reply token (a summary of the whole reply),
-- log(1 + reply tokens) (how long it is).
+- log(1 + reply tokens) (how long it is),
+- the largest value of each input-embedding dimension over the reply (which tokens occur at
+  all: a mean over a hundred tokens dilutes one telling "!" or digit a hundredfold),
+- a bag of the reply's tokens and of its pairs of neighbouring tokens: one column per
+  hash bucket (``BAG_BUCKETS``), 1 where the reply has a token or pair that falls in it
+  (which words and two-token phrases occur, exactly; the classic text classifier's features,
+  chosen for no preference in particular).
+
+They are numbered as a set (``FEATURE_SET``); a model fitted on another set is refused when
+read (``RatingModel.from_state_dict``), and the next round fits a new one.
 
 **The head** is ridge regression on standardised features, fitted in closed form in its
 dual (n x n) form: a person gives tens or hundreds of ratings, and the features have a few
@@ -66,6 +75,11 @@ LOO_UP_TO = 48          # up to here every rating is its own fold (leave-one-out
 BT_SCALE = 1.0          # rating points of score gap per unit of Bradley-Terry log-odds
 NEWTON_STEPS = 12       # damped Newton steps on the pairs term (it converges in 3-6)
 PAIR_FOLDS = 10         # cross-validation folds over pairs (leave-one-out below 10 pairs)
+BAG_BITS = 14           # the bag of tokens and token pairs has 2**BAG_BITS hash buckets
+BAG_BUCKETS = 1 << BAG_BITS
+#: Which features a rating model was fitted on: 1, the hidden states and length alone; 2,
+#: with the embeddings' max and the bag (docs/benchmarks.md, "A bag of tokens").
+FEATURE_SET = 2
 
 
 # --- features -----------------------------------------------------------------------------
@@ -129,8 +143,33 @@ def _features(base, chunk, device) -> Tensor:
 
     rows = torch.arange(len(chunk), device=device)
     final = hidden[-1][rows, last.to(device)].float().cpu()
+    embedded = hidden[0].float().masked_fill(mask == 0, -math.inf).amax(1).cpu()
     return torch.cat([pooled(hidden[0]), pooled(hidden[len(hidden) // 2]), pooled(hidden[-1]),
-                      final, torch.log1p(lengths)[:, None]], dim=1)
+                      final, torch.log1p(lengths)[:, None], embedded,
+                      _bag([reply for _, reply in chunk])], dim=1)
+
+
+# Multipliers of the bag's hash (odd 32-bit constants: Knuth's multiplicative hashing).
+_MIX_A, _MIX_B = 0x9E3779B1, 0x85EBCA77
+
+
+def _bucket(key: int) -> int:
+    """One of BAG_BUCKETS, from the top bits of a 32-bit multiplicative hash of ``key``."""
+    return ((key * _MIX_A) & 0xFFFFFFFF) >> (32 - BAG_BITS)
+
+
+def _bag(replies: Sequence[Sequence[int]]) -> Tensor:
+    """(B, BAG_BUCKETS): 1 in the bucket of each token a reply has and of each pair of
+    neighbouring tokens (hashed apart from the tokens), else 0. A fixed width, so a model
+    fitted in one round scores replies of any later one; two keys share a bucket now and
+    then, which costs a little sharpness and nothing else."""
+    out = torch.zeros(len(replies), BAG_BUCKETS)
+    for i, ids in enumerate(replies):
+        ids = [int(t) for t in ids]
+        keys = {_bucket(t) for t in ids}
+        keys.update(_bucket((a * _MIX_B + b + 1) & 0xFFFFFFFF) for a, b in zip(ids, ids[1:]))
+        out[i, sorted(keys)] = 1.0
+    return out
 
 
 # --- ridge regression -----------------------------------------------------------------------
@@ -157,10 +196,10 @@ def _fit(xs: Tensor, y: Tensor, strength: float) -> _Ridge:
     return _Ridge(xs.T @ alpha, y_mean)
 
 
-def _loo_errors(xs: Tensor, y: Tensor, strength: float) -> Tensor:
-    """Leave-one-out residuals of a ridge fit, in closed form: (y - yhat) / (1 - H_ii)."""
+def _loo_errors(k: Tensor, y: Tensor, strength: float) -> Tensor:
+    """Leave-one-out residuals of a ridge fit on kernel ``k`` (xs @ xs.T of the standardised
+    features), in closed form: (y - yhat) / (1 - H_ii)."""
     n = len(y)
-    k = xs @ xs.T
     lam = strength * float(k.diagonal().mean().clamp_min(1e-6))
     yc = y - y.mean()
     hat = k @ torch.linalg.inv(k + lam * torch.eye(n, dtype=k.dtype))
@@ -179,7 +218,8 @@ def ridge_choice(x: Tensor, y: Tensor) -> tuple[float, float]:
     mu, sd = _standardise(x)
     xs = ((x - mu) / sd).double()
     yd = y.double()
-    errors = [float((_loo_errors(xs, yd, s) ** 2).mean()) for s in RIDGE_GRID]
+    k = xs @ xs.T  # once: each strength only changes the n x n system
+    errors = [float((_loo_errors(k, yd, s) ** 2).mean()) for s in RIDGE_GRID]
     best = min(range(len(errors)), key=errors.__getitem__)
     return RIDGE_GRID[best], errors[best]
 
@@ -325,10 +365,18 @@ class RatingModel:
         return {"mu": self.mu, "sd": self.sd, "weights": self.weights, "biases": self.biases,
                 "strength": torch.tensor(self.strength), "n": torch.tensor(self.n),
                 "consistency": torch.tensor(math.nan if self.consistency is None
-                                            else self.consistency)}
+                                            else self.consistency),
+                "feature_set": torch.tensor(FEATURE_SET)}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Tensor]) -> "RatingModel":
+        """The model saved by ``state_dict``. ValueError if it was fitted on another set of
+        features (an earlier Reinf's): its weights would score the wrong columns."""
+        fitted_on = int(state["feature_set"]) if "feature_set" in state else 1
+        if fitted_on != FEATURE_SET:
+            raise ValueError(f"it was fitted on feature set {fitted_on} (an earlier Reinf's), "
+                             f"and this Reinf computes set {FEATURE_SET}; the next training "
+                             "round fits a new one")
         consistency = float(state["consistency"])
         return cls(state["mu"], state["sd"], state["weights"], state["biases"],
                    float(state["strength"]), int(state["n"]),

@@ -123,6 +123,50 @@ def test_the_rating_model_round_trips_through_its_state_dict():
     assert again.consistency == pytest.approx(rm.consistency)
 
 
+def test_the_features_see_each_token_and_pair_of_tokens_a_reply_has():
+    """Set 2: the hidden states and length (set 1), the largest input embedding over the
+    reply, and the bag of its tokens and neighbouring pairs, at a fixed width."""
+    from reinf.training.rating_model import BAG_BUCKETS, _bag, reply_features
+
+    model, tokenizer = demo_model()
+    prompt = prompt_ids(tokenizer, "How do I boil an egg?")
+    plain = tokenizer.encode("Boil it for nine minutes.", add_special_tokens=False)
+    bang = tokenizer.encode("Boil it for nine minutes!", add_special_tokens=False)
+    x = reply_features(model, [(prompt, plain), (prompt, bang), (prompt, plain[::-1])])
+    h = model.config.hidden_size
+    assert x.shape == (3, 5 * h + 1 + BAG_BUCKETS) and torch.isfinite(x).all()
+    # the embeddings' max: each dimension's largest value over the reply's own tokens
+    embedded = model.get_input_embeddings().weight.detach()
+    assert torch.allclose(x[0, 4 * h + 1:5 * h + 1], embedded[plain].amax(0), atol=1e-5)
+    bag = x[:, 5 * h + 1:]
+    assert set(bag.unique().tolist()) == {0.0, 1.0}
+    assert torch.equal(bag, _bag([plain, bang, plain[::-1]]))
+    assert not torch.equal(bag[0], bag[1])  # the "!" and the pair before it
+    # the same tokens in another order: the same token buckets, other pair buckets
+    assert not torch.equal(bag[0], bag[2])
+    assert bag[0].sum() <= 2 * len(plain) - 1 and bag[0].sum() >= len(set(plain))
+
+
+def test_a_rating_model_fitted_on_an_earlier_feature_set_is_refused_by_name(tmp_path):
+    """A checkpoint an earlier Reinf wrote (no feature set: set 1, a narrower vector) is
+    never applied to this Reinf's features: reading it says why, and best-of-n and the
+    compare view go on without it."""
+    from safetensors.torch import save_file
+
+    from reinf.serving.best_of import read_rater
+    from reinf.training.checkpoints import RATING_MODEL
+    from reinf.training.rating_model import RatingModel, fit_rating_model
+
+    x = torch.randn(20, 6, generator=torch.Generator().manual_seed(0))
+    state = fit_rating_model(x, ((x[:, 0] > 0).float() * 4 + 1).tolist(), heads=2).state_dict()
+    del state["feature_set"]
+    with pytest.raises(ValueError, match="feature set 1.*next training round fits a new one"):
+        RatingModel.from_state_dict(state)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / RATING_MODEL))
+    rater = read_rater("r0001", tmp_path, min_consistency=-1.0)
+    assert rater.model is None and "feature set 1" in rater.reason
+
+
 # --- a round on the demo model -------------------------------------------------------------
 
 def rate_demo_turns(config, store, n: int, seed: int = 0) -> None:
