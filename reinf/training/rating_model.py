@@ -181,6 +181,14 @@ class _Ridge:
     b: float
 
 
+def _varying(x: Tensor) -> Tensor:
+    """A mask of the columns whose value differs between rows of ``x``. A column with one
+    value in every row standardises to 0 in each, so it adds nothing to a kernel or a fit;
+    the fits drop such columns first, which changes nothing but rounding and saves their
+    cost (most of the bag's buckets are empty in any one set of replies)."""
+    return (x != x[:1]).any(0) if len(x) else torch.zeros(x.shape[1], dtype=torch.bool)
+
+
 def _standardise(x: Tensor) -> tuple[Tensor, Tensor]:
     mu = x.mean(0)
     sd = x.std(0, unbiased=False)
@@ -394,9 +402,10 @@ def fit_rating_model(x: Tensor, y: Sequence[float], *, heads: int = 5, seed: int
     bootstrap head resamples the ratings and the pairs."""
     y_t = torch.tensor([float(v) for v in y], dtype=torch.float64)
     n = len(y_t)
-    x = x.double()
     if n < 2:
         raise ValueError("the rating model needs at least two ratings")
+    full, varying = x.double(), _varying(x)
+    x = full[:, varying]
     pairs = pairs if pairs is not None and len(pairs) and pair_weight > 0 else None
     strength, loo_error = ridge_choice(x[:n], y_t)
     beta = pair_scale(loo_error, pair_weight)
@@ -420,7 +429,12 @@ def fit_rating_model(x: Tensor, y: Sequence[float], *, heads: int = 5, seed: int
                                    beta))
     consistency = cross_validated_spearman(x, y_t, seed=seed, pairs=pairs,
                                            pair_weight=pair_weight) if cross_validate else None
-    return RatingModel(mu.float(), sd.float(), torch.stack([f.w for f in fits]).float(),
+    # Back to the full width: a dropped column is its one value, scaled by 1, weighted 0.
+    mu_full, sd_full = full[0].clone(), torch.ones(full.shape[1], dtype=torch.float64)
+    mu_full[varying], sd_full[varying] = mu, sd
+    weights = torch.zeros(len(fits), full.shape[1], dtype=torch.float64)
+    weights[:, varying] = torch.stack([f.w for f in fits])
+    return RatingModel(mu_full.float(), sd_full.float(), weights.float(),
                        torch.tensor([f.b for f in fits]).float(), strength, n, consistency,
                        pairs=len(pairs) if pairs is not None else 0,
                        pair_scale=beta if pairs is not None else 0.0)
@@ -453,6 +467,7 @@ def cross_validated_spearman(x: Tensor, y: Tensor, *, seed: int = 0,
     if n < 4 or float(y.max()) == float(y.min()):
         return None
     x, y = x.double(), y.double()
+    x = x[:, _varying(x)]
     pairs = pairs if pairs is not None and len(pairs) else PairSet.of([])
     predictions = torch.zeros(n, dtype=torch.float64)
     for test in _cuts(n, folds or (n if n <= LOO_UP_TO else FOLDS), seed):
@@ -481,6 +496,7 @@ def cross_validated_pair_accuracy(x: Tensor, y: Sequence[float], pairs: PairSet,
     if len(decisive) < 2 or len(y_t) < 2:
         return None, None, 0
     n, x = len(y_t), x.double()
+    x = x[:, _varying(x)]
     strength, loo_error = ridge_choice(x[:n], y_t)  # the ratings' choice: no pair is in it
     beta = pair_scale(loo_error, pair_weight)
     mu, sd = _standardise(x[:n])

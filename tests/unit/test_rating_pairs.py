@@ -136,3 +136,22 @@ def test_consistency_leaves_out_pairs_that_hold_a_held_out_rating():
     kept = [(a, b) for a, b in zip(pairs.a.tolist(), pairs.b.tolist()) if 3 not in (a, b)]
     for (a, b), ra, rb in zip(kept, pt.a.tolist(), pt.b.tolist()):
         assert torch.equal(xt[ra], x[a]) and torch.equal(xt[rb], x[b])
+
+
+def test_columns_with_one_value_in_every_row_change_no_fit_and_get_no_weight():
+    """Most of the bag's buckets are empty in any one set of replies: the fits drop such
+    columns first. With and without them, ratings and picks give the same predictions,
+    consistency and pair accuracy, and the saved model still has the full width."""
+    x, y, pairs = synthetic()
+    padded = torch.cat([x[:, :3], torch.zeros(len(x), 50, dtype=torch.float64), x[:, 3:],
+                        torch.full((len(x), 7), 2.5, dtype=torch.float64)], 1)
+    for p in (None, pairs):
+        lean = fit_rating_model(x, y, heads=3, seed=2, pairs=p)
+        wide = fit_rating_model(padded, y, heads=3, seed=2, pairs=p)
+        assert wide.weights.shape == (3, 63) and wide.mu.shape == wide.sd.shape == (63,)
+        assert torch.count_nonzero(wide.weights[:, 3:53]) == 0
+        assert torch.count_nonzero(wide.weights[:, 56:]) == 0
+        assert wide.consistency == pytest.approx(lean.consistency, abs=1e-9)
+        assert torch.allclose(wide.predict(padded)[0], lean.predict(x)[0], atol=1e-5)
+    assert cross_validated_pair_accuracy(padded, y, pairs) == pytest.approx(
+        cross_validated_pair_accuracy(x, y, pairs))
