@@ -1,6 +1,6 @@
 """Does the rating model order replies better with the largest input embedding over the reply
 and a bag of its tokens and token pairs beside the hidden states? (docs/benchmarks.md, "A bag
-of tokens and the embeddings' max".)
+of tokens and the embeddings' max: feature set 2".)
 
 It reuses ``pooling_study.py``'s replies and features (the same 512 replies, 128
 training-side prompts x 4, seed 0): ``product`` there is the trainer's ``reply_features``,

@@ -78,7 +78,8 @@ PAIR_FOLDS = 10         # cross-validation folds over pairs (leave-one-out below
 BAG_BITS = 14           # the bag of tokens and token pairs has 2**BAG_BITS hash buckets
 BAG_BUCKETS = 1 << BAG_BITS
 #: Which features a rating model was fitted on: 1, the hidden states and length alone; 2,
-#: with the embeddings' max and the bag (docs/benchmarks.md, "A bag of tokens").
+#: with the embeddings' max and the bag (docs/benchmarks.md, "A bag of tokens and
+#: the embeddings' max: feature set 2").
 FEATURE_SET = 2
 
 
