@@ -24,10 +24,6 @@ from pathlib import Path
 
 import torch
 
-DRAWS = int(os.environ.get("STUDY_DRAWS", 10))
-COUNTS = (16, 32, 48)
-
-
 def feature_sets(f: dict, rows: list[dict]) -> dict[str, torch.Tensor]:
     from reinf.training.rating_model import _bag
 
@@ -42,35 +38,14 @@ def feature_sets(f: dict, rows: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def main(where: Path, raters: list[str]) -> None:
-    from reinf.bench.raters import load_rater
-    from reinf.bench.rating_study import judge, summarise
+    from pooling_study import judge_sets  # beside this file: the same judge and table
 
     rows = json.loads((where / "replies.json").read_text())
     sets = feature_sets(torch.load(where / "features.pt"), rows)
     wanted = os.environ.get("STUDY_SETS")
     if wanted:
         sets = {k: v for k, v in sets.items() if k in wanted.split(",")}
-    groups: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-        groups.setdefault(r["group"], []).append(i)
-    result: dict[str, dict[str, list]] = {}
-    for name in raters:
-        rater = load_rater(name, seed=0)
-        scores = [float(rater(r["prompt"], r["text"])) for r in rows]
-        for label, x in sets.items():
-            accuracy = [summarise([judge(x, scores, groups, n, seed=d) for d in range(DRAWS)])
-                        ["within_prompt_accuracy"] for n in COUNTS]
-            result.setdefault(name, {})[label] = accuracy
-            print(f"{name:<44} {label:<30} "
-                  + " ".join("  -  " if a is None else f"{a:.3f}" for a in accuracy), flush=True)
-    (where / "bag-judged.json").write_text(json.dumps(result, indent=1))
-    print("\nmean within-prompt accuracy over the raters, after", " / ".join(map(str, COUNTS)))
-    for label in sets:
-        columns = []
-        for j in range(len(COUNTS)):
-            values = [result[r][label][j] for r in raters if result[r][label][j] is not None]
-            columns.append(sum(values) / len(values))
-        print(f"  {label:<30} " + " / ".join(f"{c:.3f}" for c in columns))
+    judge_sets(where / "bag-judged.json", rows, sets, raters)
 
 
 if __name__ == "__main__":

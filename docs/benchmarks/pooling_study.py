@@ -104,11 +104,17 @@ def feature_sets(f: dict) -> dict[str, torch.Tensor]:
 
 
 def judge_all(out: Path, raters: list[str]) -> None:
+    rows = json.loads((out / "replies.json").read_text())
+    judge_sets(out / "judged.json", rows, feature_sets(torch.load(out / "features.pt")), raters)
+
+
+def judge_sets(result_file: Path, rows: list[dict], sets: dict[str, torch.Tensor],
+               raters: list[str]) -> None:
+    """Each feature set judged for each rater (within-prompt accuracy after COUNTS ratings,
+    DRAWS draws), printed as it goes and written to ``result_file`` with the means."""
     from reinf.bench.raters import load_rater
     from reinf.bench.rating_study import judge, summarise
 
-    rows = json.loads((out / "replies.json").read_text())
-    sets = feature_sets(torch.load(out / "features.pt"))
     groups: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(r["group"], []).append(i)
@@ -120,16 +126,16 @@ def judge_all(out: Path, raters: list[str]) -> None:
             accuracy = [summarise([judge(x, scores, groups, n, seed=d) for d in range(DRAWS)])
                         ["within_prompt_accuracy"] for n in COUNTS]
             result.setdefault(name, {})[label] = accuracy
-            print(f"{name:<28} {label:<16} "
+            print(f"{name:<44} {label:<30} "
                   + " ".join("  -  " if a is None else f"{a:.3f}" for a in accuracy), flush=True)
-    (out / "judged.json").write_text(json.dumps(result, indent=1))
+    result_file.write_text(json.dumps(result, indent=1))
     print("\nmean within-prompt accuracy over the raters, after", " / ".join(map(str, COUNTS)))
     for label in sets:
         columns = []
         for j in range(len(COUNTS)):
             values = [result[r][label][j] for r in raters if result[r][label][j] is not None]
             columns.append(sum(values) / len(values))
-        print(f"  {label:<16} " + " / ".join(f"{c:.3f}" for c in columns))
+        print(f"  {label:<30} " + " / ".join(f"{c:.3f}" for c in columns))
 
 
 if __name__ == "__main__":
