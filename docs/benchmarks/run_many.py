@@ -24,6 +24,11 @@ OUT/GROUP.json, OUT/GROUP.txt and OUT/GROUP.png.
 finished ones are merged, so a lease that ends never loses the whole batch. `--mps` starts
 the MPS control daemon first where `nvidia-cuda-mps-control` exists (and stops it at the end).
 `reinf` is the one on PATH, else `python -m reinf` of this interpreter.
+
+To compare two versions of the code, give each run `PYTHONPATH=SNAPSHOT` (a `git archive`
+of that commit) and start this script from a directory with no `reinf/` in it. Without
+`reinf` on PATH it runs `python -m`, which puts the working directory ahead of PYTHONPATH,
+so from a checkout every run would import the checkout's code.
 """
 from __future__ import annotations
 
