@@ -77,6 +77,9 @@ class HttpBackend:
         ref = "last" if turn_id is None else str(int(turn_id))
         return self.request("DELETE", f"/api/turns/{ref}/rating")["removed"]
 
+    def rewrite(self, turn_id: int, text: str) -> dict:
+        return self.request("PUT", f"/api/turns/{int(turn_id)}/rewrite", {"text": text})
+
     def history(self, conversation_id: int, limit: int = 20) -> list[dict]:
         data = self.request("GET", f"/api/conversations/{int(conversation_id)}")
         return data["turns"][-limit:]

@@ -32,6 +32,19 @@ class RatingRecord:
 
 
 @dataclass(frozen=True)
+class RewriteRecord:
+    """The reply the person wrote for a turn: the one they would have wanted."""
+    turn_id: int
+    text: str
+    created_at: datetime
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"turn_id": self.turn_id, "text": self.text, "created_at": iso(self.created_at),
+                "updated_at": iso(self.updated_at)}
+
+
+@dataclass(frozen=True)
 class TurnRecord:
     id: int
     conversation_id: int
@@ -57,6 +70,7 @@ class TurnRecord:
     # turns the slot holds (1: this one alone).
     picked: bool = True
     alternatives: int = 1
+    rewrite: RewriteRecord | None = None   # the reply the person wrote for it, if any
 
     def to_dict(self, tokens: bool = False) -> dict[str, Any]:
         out = {"turn_id": self.id, "conversation_id": self.conversation_id, "index": self.index,
@@ -67,7 +81,8 @@ class TurnRecord:
                "interrupted": self.interrupted,
                "rating": self.rating.to_dict() if self.rating else None,
                "system_prompt": self.system_prompt, "picked": self.picked,
-               "alternatives": self.alternatives}
+               "alternatives": self.alternatives,
+               "rewrite": self.rewrite.to_dict() if self.rewrite else None}
         if tokens:
             out.update(prompt_ids=self.prompt_ids, reply_ids=self.reply_ids,
                        logprobs=self.logprobs, gen_params=self.gen_params)
@@ -153,6 +168,26 @@ class Sample:
     # True for a fresh reply a round sampled and the rating model scored: ``score`` is then
     # its predicted rating (a float in 1..5), and no turn stores it.
     predicted: bool = False
+    # True for the reply the person wrote for the turn (reinf.training.rewrites): ``response``
+    # and ``reply_ids`` are the rewrite's, ``score`` the rating it stands for.
+    rewrite: bool = False
+
+
+@dataclass(frozen=True)
+class RewriteSample:
+    """A rewrite as a round reads it: the turn's prompt and reply, and the person's text.
+    The text has no token ids: the round encodes it with the model it trains."""
+    turn_id: int
+    conversation_id: int
+    turn_index: int
+    user_id: str
+    prompt: str
+    text: str
+    prompt_ids: list[int] = field(repr=False)
+    reply: str
+    reply_ids: list[int] = field(repr=False)
+    written_at: datetime
+    temperature: float
 
 
 @dataclass(frozen=True)

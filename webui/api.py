@@ -20,6 +20,7 @@ CHAT_FIELDS = {"message", "conversation_id", "stream", "temperature", "top_p", "
                "system_prompt"}
 CONVERSATION_FIELDS = {"system_prompt"}
 RATING_FIELDS = {"score", "tags", "comment", "critical"}
+REWRITE_FIELDS = {"text"}
 AGAIN_FIELDS = {"stream", "temperature", "top_p", "max_new_tokens"}
 COMPARE_FIELDS = {"prompt", "turn_id", "checkpoint", "blind", "temperature", "top_p",
                   "max_new_tokens"}
@@ -125,6 +126,24 @@ def undo(turn_ref: str):
     turn_id = runtime.store.resolve_turn(turn_ref)
     runtime.store.get_turn(turn_id)  # 404 for an unknown turn
     removed = runtime.store.undo_rating(turn_id)
+    return jsonify({"removed": removed.to_dict() if removed else None})
+
+
+# --- rewrites: the reply the person wanted ----------------------------------------------
+
+@bp.put("/turns/<turn_ref>/rewrite")
+def rewrite(turn_ref: str):
+    runtime = get_runtime()
+    turn_id = runtime.store.resolve_turn(turn_ref)
+    body = read_json(REWRITE_FIELDS, required=("text",))
+    # Not a rating for the ratings trigger: the timer's round reads it, as it reads picks.
+    return jsonify(runtime.store.rewrite(turn_id, body["text"]).to_dict())
+
+
+@bp.delete("/turns/<turn_ref>/rewrite")
+def remove_rewrite(turn_ref: str):
+    runtime = get_runtime()
+    removed = runtime.store.delete_rewrite(runtime.store.resolve_turn(turn_ref))
     return jsonify({"removed": removed.to_dict() if removed else None})
 
 

@@ -25,6 +25,11 @@ the same message through regenerate's path, the better of the two by the rater p
 regenerate pair), a tie when it scores them the same. The x axis (``ratings`` in the curves)
 then counts interactions, ratings and pairs alike, a round comes after every ``train_after``
 interactions, and the live windows count the first reply of a pair as a rating would.
+**Rewrites** (``rewrite_every`` N, ``--rewrite-every``): of the replies the simulated person
+rates 2 or below, every Nth is also rewritten (``give_rewrite``): the rater's ``rewrite``, an
+edit of the model's reply toward its rule (reinf.bench.text_raters.REWRITERS), stored with
+``Store.rewrite`` as a person's would be. The x axis still counts ratings; the report says
+how many rewrites were written.
 **Best-of-n** (``run_bestofn``) trains nothing: it reads Reinf's run on the same seed. After
 each of Reinf's rounds, ``run_method`` keeps the rating model of the checkpoint Reinf then
 serves (``served_rating_model``); best-of-n's point after that round is the base model's
@@ -49,6 +54,7 @@ if TYPE_CHECKING:  # for the annotations only: reinf.bench.learn imports this mo
 
 PROBE_SEED = 1_000_003      # probe prompts, sampling seeds, judge: fixed across rounds and runs
 PAIR_SEED = 50_000          # a pair's second reply: its sampling seed is the first's + this
+REWRITE_AT_MOST = 2         # --rewrite-every counts the replies rated this or below
 
 
 @dataclass
@@ -188,6 +194,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         served = [{"ratings": 0, "checkpoint_id": None, "state": None}]
         keep_served = method == "reinf" and "bestofn" in plan.methods
         scores, preferred, loop = [], [], 0.0
+        disliked = wrote = 0  # replies rated REWRITE_AT_MOST or below; rewrites written
         picks: Counter = Counter()
         last_round = 0
         stream = shared["prompt_plan"].streams[seed]
@@ -207,6 +214,10 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                 score = rater(prompt, turn.reply)
                 ctx.store.rate(turn.id, score)
                 good = rater.is_preferred(turn.reply, score, prompt=prompt)
+                if plan.rewrite_every and score <= REWRITE_AT_MOST:
+                    disliked += 1
+                    if disliked % plan.rewrite_every == 0:
+                        wrote += give_rewrite(ctx, rater, prompt, turn)
             scores.append(score)
             preferred.append(good)
             t1 = time.perf_counter()
@@ -259,6 +270,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                                                                plan.target, held=True),
             "scores": scores, "preferred": [int(p) for p in preferred],
             "pairs": dict(picks) if plan.pairs_every else None,
+            "rewrites": wrote if plan.rewrite_every else None,
             "loop_seconds": loop, "probe_seconds": probe.generate_seconds,
             "measure_seconds": probe.measure_seconds,
             "round_seconds": statistics.fmean(r["wall_seconds"] for r in ctx.rounds)
@@ -410,6 +422,17 @@ def before_round(ctx: Context, plan: LearnPlan, k: int, n: int, last_round: int)
         return max(1, k - ctx.store.ratings_waiting())
     next_pair = (n // plan.pairs_every + 1) * plan.pairs_every
     return max(1, min(next_pair - n, last_round + k - n + 1))
+
+
+def give_rewrite(ctx: Context, rater, prompt: str, turn) -> int:
+    """The simulated person writes the reply it wanted (``rater.rewrite``: an edit of the
+    model's reply toward its rule) and stores it as a rewrite; 1 when it did, 0 when the
+    edit cannot meet its rule or changes nothing."""
+    text = rater.rewrite(prompt, turn.reply)
+    if not text or not text.strip() or text == turn.reply:
+        return 0
+    ctx.store.rewrite(turn.id, text)
+    return 1
 
 
 def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, str]:

@@ -85,6 +85,7 @@ class LearnPlan:
     prompts: str | None = None        # training prompts (.txt or .jsonl); None: built in
     probe_prompts: str | None = None  # probe prompts; None: the other side of the split
     pairs_every: int = 0          # every Nth interaction is a pair, not a rating; 0: never
+    rewrite_every: int = 0        # every Nth reply rated 2 or below is rewritten; 0: never
 
 
 def say(text: str) -> None:
@@ -123,6 +124,18 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
         from reinf.bench.baselines import check_trl
         check_trl()
     rater = load_rater(plan.rater, seed=plan.seed)
+    if plan.rewrite_every < 0:
+        raise BadInput("--rewrite-every must be 0 (no rewrites) or at least 1",
+                       fix="pass --rewrite-every 2")
+    if plan.rewrite_every and rater.rewrite is None:
+        from reinf.bench.text_raters import REWRITERS
+        raise BadInput(f"rater {rater.name} cannot rewrite a reply (an edit of the reply "
+                       "cannot meet its rule), so --rewrite-every would do nothing",
+                       fix="use a rater that can: " + ", ".join([*REWRITERS, "noisy-graded"]))
+    if plan.rewrite_every and plan.methods != ("reinf",):
+        raise BadInput("--rewrite-every measures Reinf alone: the baselines do not read "
+                       "rewrites, so they would not be on the same footing",
+                       fix="pass --baselines none")
     k = plan.train_after or config.schedule.train_after_ratings
     if k < 1:
         raise BadInput("train_after must be at least 1 (train_after_ratings is 0 = off)",
@@ -149,7 +162,9 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
                 continue
             progress(f"[{method} seed {seed}] {label_of(method, config, plan)}: {plan.ratings} "
                      + (f"interactions (a pair every {plan.pairs_every})"
-                        if plan.pairs_every else "ratings") + f", a round every {k}")
+                        if plan.pairs_every else "ratings") + f", a round every {k}"
+                     + (f"; every {plan.rewrite_every} reply rated 2 or below rewritten"
+                        if plan.rewrite_every else ""))
             runs[method].append(run_method(method, config, plan, k, seed, shared, progress))
     from reinf.bench.generation import machine
     methods = {m: {"label": label_of(m, config, plan), "settings": settings_of(m, config, plan),

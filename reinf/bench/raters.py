@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from reinf.bench.text_raters import TEXT_RATERS, rate_length_graded
+from reinf.bench.text_raters import REWRITERS, TEXT_RATERS, RewriteFn, rate_length_graded
 from reinf.demo.corpus import detect_styles
 from reinf.errors import BadInput
 
@@ -75,6 +75,9 @@ class Rater:
     preferred: PreferredFn | None                  # is a reply in the preferred style?
     description: str
     unseen: bool = True                            # never used to choose a default
+    # what the simulated person writes instead of a reply it dislikes (--rewrite-every):
+    # (prompt, reply) -> the rewrite, or None where an edit of the reply cannot meet the rule
+    rewrite: RewriteFn | None = None
 
     def __call__(self, prompt: str, reply: str) -> int:
         return check_rating(self.rate(prompt, reply), self.name)
@@ -144,7 +147,8 @@ def _build_noisy_graded(seed: int) -> Rater:
     def preferred(prompt: str, reply: str) -> bool:
         return rate_length_graded(prompt, reply) >= 4
     return Rater("noisy-graded", rate, preferred, "as length-graded, but 10% of its ratings "
-                 "are off by one at random (seeded)", unseen=is_unseen("noisy-graded"))
+                 "are off by one at random (seeded)", unseen=is_unseen("noisy-graded"),
+                 rewrite=REWRITERS["length-graded"])
 
 
 NAMES = tuple(STYLE_RATERS) + ("noisy",) + tuple(TEXT_RATERS) + ("noisy-graded",)
@@ -164,7 +168,7 @@ def load_rater(spec: str, *, seed: int = 0) -> Rater:
         return Rater(spec, rate, preferred, text, unseen=is_unseen(spec))
     if spec in TEXT_RATERS:
         rate, text = TEXT_RATERS[spec]
-        return Rater(spec, rate, None, text, unseen=is_unseen(spec))
+        return Rater(spec, rate, None, text, unseen=is_unseen(spec), rewrite=REWRITERS.get(spec))
     return load_rater_file(spec)
 
 

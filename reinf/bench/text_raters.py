@@ -355,3 +355,71 @@ TEXT_RATERS: dict[str, tuple[RaterFn, str]] = {  # name -> (rate, what it reward
     "context-length": (rate_context_length, "short for factual questions (<= 40 words), fuller "
                                             "for how-to (80+ words or 3+ steps); 3 for others"),
 }
+
+
+# --- the simulated person's rewrites (reinf bench learn --rewrite-every) ----------------------
+# What a person with the rater's preference would write instead of a reply it dislikes:
+# an edit of the model's own reply toward the rule, never new content (a person who wants a
+# list turns the sentences into one; one who wants no question back deletes it). None where
+# such an edit cannot satisfy the rule (a missing example, a register, an order).
+
+RewriteFn = Callable[[str, str], "str | None"]
+
+
+def rewrite_as_list(prompt: str, reply: str) -> str | None:
+    """The reply's sentences as a bulleted list (8 at most); None for fewer than two."""
+    parts = sentences(prose(reply))
+    return "\n".join(f"- {s.lstrip('-*• ')}" for s in parts[:8]) if len(parts) >= 2 else None
+
+
+def rewrite_without_bang(prompt: str, reply: str) -> str | None:
+    """Every "!" made a full stop."""
+    text = _BANG.sub(".", reply)
+    return text if text != reply else None
+
+
+def rewrite_without_question(prompt: str, reply: str) -> str | None:
+    """The reply with its questions deleted; None when nothing else is left."""
+    kept = [s for s in sentences(prose(reply)) if not s.rstrip("\"')*_ ").endswith("?")]
+    return " ".join(kept) or None
+
+
+def _shortened(reply: str, words: int) -> str | None:
+    """The reply's first sentences up to ``words`` words (the first one cut there if it is
+    longer); None when it is that short already."""
+    if count_words(reply) <= words:
+        return None
+    out: list[str] = []
+    for s in sentences(prose(reply)):
+        if count_words(" ".join(out + [s])) > words:
+            break
+        out.append(s)
+    if not out:
+        out = [" ".join(prose(reply).split()[:words]).rstrip(",;:") + "."]
+    return " ".join(out)
+
+
+def rewrite_shorter(prompt: str, reply: str) -> str | None:
+    """The reply cut to its first sentences, 30 words at most."""
+    return _shortened(reply, LENGTH_BANDS[0])
+
+
+def rewrite_right_sum(prompt: str, reply: str) -> str | None:
+    """The right number, stated, for an arithmetic prompt."""
+    truth = arithmetic_answer(prompt)
+    if truth is None:
+        return None
+    return f"The answer is {int(truth) if float(truth).is_integer() else round(truth, 6)}."
+
+
+def rewrite_for_context(prompt: str, reply: str) -> str | None:
+    """A question of fact: the reply cut to 40 words. Nothing for other prompts (a fuller
+    how-to would need new content)."""
+    return _shortened(reply, FACT_BANDS[0]) if classify_prompt(prompt) == "fact" else None
+
+
+REWRITERS: dict[str, RewriteFn] = {
+    "length-graded": rewrite_shorter, "bullets": rewrite_as_list,
+    "no-question-back": rewrite_without_question, "no-exclamation": rewrite_without_bang,
+    "arithmetic": rewrite_right_sum, "context-length": rewrite_for_context,
+}

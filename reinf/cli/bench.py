@@ -100,6 +100,13 @@ def _threads(threads: int | None, config) -> int:
                    "rating: another reply to the same message (regenerate), the better one "
                    "picked, a tie when rated the same. --ratings and the x axis then count "
                    "interactions. 0 = ratings only.")
+@click.option("--rewrite-every", type=click.IntRange(0), default=PLAN["rewrite_every"],
+              show_default=True,
+              help="Of the replies the simulated person rates 2 or below, it also rewrites "
+                   "every Nth: an edit of the reply toward its rule (bullets: the sentences "
+                   "as a list), stored as `reinf rewrite` stores one. Raters that can: "
+                   "bullets, length-graded, noisy-graded, no-question-back, no-exclamation, "
+                   "arithmetic, context-length. Reinf alone (--baselines none). 0 = none.")
 @click.option("--child", is_flag=True, default=PLAN["child"],
               help="Run Reinf's rounds in the daemon's child process (slower; default: in "
                    "this process).")
@@ -119,7 +126,8 @@ def _threads(threads: int | None, config) -> int:
 @click.pass_context
 def learn(ctx, rater, prompts_file, probe_file, ratings, train_after, seed, seeds, model_path,
           baselines, best_of, kto_lrs, window, target, probe, final_probe, heldout, threads,
-          plot_path, pairs_every, child, keep, skip_reinf, merge_files, as_json):
+          plot_path, pairs_every, rewrite_every, child, keep, skip_reinf, merge_files,
+          as_json):
     """Run the whole loop with a simulated rater, beside baselines on the same stream.
 
     Generate, rate, store, train every --train-after ratings, promote and hot-swap, as the
@@ -141,8 +149,8 @@ def learn(ctx, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     else:
         report = _run_learn(ctx.obj, rater, prompts_file, probe_file, ratings, train_after,
                             seed, seeds, model_path, baselines, best_of, kto_lrs, window,
-                            target, probe, final_probe, heldout, threads, pairs_every, child,
-                            keep, skip_reinf)
+                            target, probe, final_probe, heldout, threads, pairs_every,
+                            rewrite_every, child, keep, skip_reinf)
     report["plot"] = str(save_plot(report, plot_path))
     emit(report, as_json, lambda r: click.echo(
         f"{format_table(r)}\n\n{format_prompts(r)}\nplot: {r['plot']}"))
@@ -178,7 +186,8 @@ def _merged(ctx, files) -> dict:
 
 def _run_learn(app, rater, prompts_file, probe_file, ratings, train_after, seed, seeds,
                model_path, baselines, best_of, kto_lrs, window, target, probe, final_probe,
-               heldout, threads, pairs_every, child, keep, skip_reinf) -> dict:
+               heldout, threads, pairs_every, rewrite_every, child, keep,
+               skip_reinf) -> dict:
     from reinf.bench.learn import run_learn
     from reinf.errors import BadInput
 
@@ -203,7 +212,8 @@ def _run_learn(app, rater, prompts_file, probe_file, ratings, train_after, seed,
                      final_probe=final_probe, heldout=heldout,
                      methods=tuple(chosen) if skip_reinf else ("reinf", *chosen),
                      child=child, keep=keep, prompts=prompts_file, probe_prompts=probe_file,
-                     pairs_every=pairs_every, best_of=best_of, kto_lrs=rates)
+                     pairs_every=pairs_every, rewrite_every=rewrite_every, best_of=best_of,
+                     kto_lrs=rates)
     return run_learn(config, plan)
 
 

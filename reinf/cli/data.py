@@ -1,9 +1,12 @@
-"""Commands on stored turns and ratings: rate, undo, history, forget, export."""
+"""Commands on stored turns and ratings: rate, undo, rewrite, history, forget, export."""
 from __future__ import annotations
+
+import sys
 
 import click
 
 from reinf.cli.common import dump_json, emit, json_option, parse_turn
+from reinf.errors import BadInput
 
 
 @click.command()
@@ -44,6 +47,69 @@ def undo(app, turn, as_json):
 
 
 @click.command()
+@click.argument("turn")
+@click.argument("text", required=False)
+@click.option("--file", "path", metavar="PATH",
+              help="Read the text from PATH ('-': standard input) instead of TEXT.")
+@click.option("--delete", is_flag=True, help="Remove the turn's rewrite instead.")
+@json_option
+@click.pass_obj
+def rewrite(app, turn, text, path, delete, as_json):
+    """Write the reply you wanted for TURN; writing again replaces it.
+
+    The next training round learns from it: your text is preferred over the reply the
+    model gave, and shown to it as an example. TURN is as for `rate` ('last', a turn
+    number, chatcmpl-…). Give the text as TEXT or with --file (e.g. `--file -` to pipe
+    it in); --delete removes the rewrite.
+    """
+    if delete:
+        if text is not None or path is not None:
+            raise click.UsageError("--delete takes no text: give TURN alone")
+    elif (text is None) == (path is None):
+        raise click.UsageError("give the reply you wanted as TEXT or with --file PATH "
+                               "(exactly one of them)")
+    if path is not None:
+        text = read_text_file(path)
+    turn_id = parse_turn(app.store, turn)
+    if delete:
+        removed = app.store.delete_rewrite(turn_id)
+        data = {"removed": removed.to_dict() if removed else None}
+        emit(data, as_json, lambda d: click.echo(
+            f"turn {turn_id}: rewrite removed" if d["removed"]
+            else f"turn {turn_id} has no rewrite to remove"))
+        return
+    replaced = app.store.get_rewrite(turn_id) is not None
+    record = app.store.rewrite(turn_id, text)
+    emit(record.to_dict(), as_json, lambda r: click.echo(
+        f"turn {r['turn_id']}: rewrite {'replaced' if replaced else 'saved'} "
+        f"({count(len(r['text']), 'character', 'characters')}); "
+        "the next training round learns from it"))
+
+
+def read_text_file(path: str) -> str:
+    """The text of ``path`` (``-``: standard input) as UTF-8, without the line break(s) a
+    file ends with; a file that cannot be read is BadInput, with a fix."""
+    try:
+        if path == "-":
+            stdin = sys.stdin
+            raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+        else:
+            with open(path, "rb") as f:
+                raw = f.read()
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}",
+                       fix="check the path and its permissions, or give the text as TEXT"
+                       ) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        where = "standard input" if path == "-" else path
+        raise BadInput(f"{where} is not UTF-8 text (byte {exc.start})",
+                       fix="save it as UTF-8 (e.g. `iconv -t UTF-8`)") from None
+    return text.rstrip("\r\n")
+
+
+@click.command()
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100_000),
               help="Most recent turns to show.")
 @click.option("--conversation", "conversation_id", type=int, help="Only this conversation.")
@@ -51,7 +117,7 @@ def undo(app, turn, as_json):
 @json_option
 @click.pass_obj
 def history(app, limit, conversation_id, rated, as_json):
-    """Past turns, newest first, with their ratings."""
+    """Past turns, newest first, with their ratings (✎: you wrote a rewrite)."""
     if conversation_id is not None:
         app.reading_store().get_conversation(conversation_id)  # a clear error for an unknown id
     turns = app.reading_store().history(limit=limit, conversation_id=conversation_id, rated=rated)
@@ -65,6 +131,8 @@ def _print_history(turns):
         r = t["rating"]
         mark = f"★{r['score']}" + (f" [{', '.join(r['tags'])}]" if r["tags"] else "") if r \
             else "unrated"
+        if t.get("rewrite"):
+            mark += " ✎"  # the person wrote the reply they wanted (`reinf rewrite`)
         click.echo(f"#{t['turn_id']}  conv {t['conversation_id']}  {t['created_at']}  {mark}  "
                    f"({t['checkpoint_id']})")
         click.echo(f"  you: {_clip(t['user_message'])}")
@@ -112,7 +180,8 @@ FORGOTTEN = {"conversations": ("conversation", "conversations"), "turns": ("turn
              "ratings": ("rating", "ratings"),
              "later_turns_untrainable": ("later turn untrainable", "later turns untrainable"),
              "pairs": ("pair", "pairs"),
-             "alternatives_kept": ("alternative kept", "alternatives kept")}
+             "alternatives_kept": ("alternative kept", "alternatives kept"),
+             "rewrites": ("rewrite", "rewrites")}
 
 
 def count(n: int, one: str, many: str) -> str:
@@ -144,4 +213,4 @@ def export(app, fmt, output):
     click.echo(f"wrote {count(n, 'row', 'rows')} ({fmt}) to {output}", err=True)
 
 
-COMMANDS = [rate, undo, history, forget, export]
+COMMANDS = [rate, undo, rewrite, history, forget, export]

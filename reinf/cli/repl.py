@@ -3,7 +3,8 @@
 The loop talks to a ``Backend``: ``LocalBackend`` runs the model in this process
 (ChatService + Store); an HTTP client of a running daemon (reinf/client.py) implements
 the same protocol. Turns and ratings cross it as the JSON dicts of the HTTP API
-(``TurnRecord.to_dict()``, ``RatingRecord.to_dict()``), so both behave the same here.
+(``TurnRecord.to_dict()``, ``RatingRecord.to_dict()``, ``RewriteRecord.to_dict()``), so
+both behave the same here.
 
 Keys: Ctrl-C during a reply stops it: the part shown is stored, marked interrupted, and
 nothing when nothing was shown yet. At a prompt, as in Python's REPL, Ctrl-C clears the
@@ -29,6 +30,8 @@ HELP = """commands:
   /history      this conversation's turns and ratings
   /rate N [TAGS] rate the last reply N (1-5), tags comma-separated: /rate 2 too long,wrong
   /undo         remove the last rating made in this session
+  /rewrite TEXT the reply you wanted to your last message, in your words: the next training
+                round learns from it (a second /rewrite replaces it)
   /again        sample another reply to your last message (kept beside the first)
   /pick N       reply N (1, 2, ... as /again numbered them) is the better one: the
                 conversation continues from it, and your preference is stored
@@ -59,6 +62,8 @@ class Backend(Protocol):
                     system_prompt: str | None = None) -> ReplyHandle: ...
     def rate(self, turn_id: int, score: int, tags: list[str]) -> dict: ...
     def undo(self, turn_id: int | None = None) -> dict | None: ...   # the removed rating
+    # the reply the person wanted for turn_id, stored (or replacing theirs): RewriteRecord dict
+    def rewrite(self, turn_id: int, text: str) -> dict: ...
     def history(self, conversation_id: int, limit: int = 20) -> list[dict]: ...  # oldest first
     def new_conversation(self) -> int | None: ...     # None: the next message starts one
     def forget(self, turn_id: int) -> None: ...       # delete a turn for good
@@ -109,6 +114,9 @@ class LocalBackend:
     def undo(self, turn_id: int | None = None) -> dict | None:
         removed = self.store.undo_rating(turn_id)
         return removed.to_dict() if removed else None
+
+    def rewrite(self, turn_id: int, text: str) -> dict:
+        return self.store.rewrite(turn_id, text).to_dict()
 
     def history(self, conversation_id: int, limit: int = 20) -> list[dict]:
         return [t.to_dict() for t in self.store.conversation_turns(conversation_id)[-limit:]]
@@ -384,6 +392,8 @@ class Repl:
             self.rate(self.last_turn["turn_id"], score, tags)
         elif name == "/undo":
             self.undo()
+        elif name == "/rewrite":
+            self.rewrite(arg)
         elif name == "/again":
             return self.again()
         elif name == "/pick":
@@ -435,6 +445,26 @@ class Repl:
         self.say(f"reply {number} continues the conversation"
                  + (f", preferred over {', '.join(others)}" if others else ""))
 
+    def rewrite(self, text: str) -> None:
+        """/rewrite TEXT: the reply the person wanted to the last message."""
+        text = text.strip()
+        if not text:
+            self.say("usage: /rewrite TEXT, the reply you wanted to your last message (a long "
+                     "one: `reinf rewrite last --file PATH`)")
+            return
+        if self.last_turn is None:
+            self.say("nothing to rewrite yet — send a message first")
+            return
+        turn_id = self.last_turn["turn_id"]
+        try:
+            record = self.backend.rewrite(turn_id, text)
+        except ReinfError as exc:
+            self.say(f"error: {exc}")
+            return
+        n = len(record["text"])
+        self.say(f"turn {turn_id}: rewrite saved ({n} character{'' if n == 1 else 's'}); "
+                 "the next training round learns from it")
+
     def undo(self) -> None:
         if not self.rated:
             self.say("no rating to undo in this session (`reinf undo` removes older ones)")
@@ -462,7 +492,8 @@ class Repl:
             mark = (f"★{r['score']}" + (f" [{', '.join(r['tags'])}]" if r["tags"] else "")) \
                 if r else "unrated"
             stopped = " (interrupted)" if t.get("interrupted") else ""
-            self.say(f"#{t['turn_id']} {mark}{stopped}")
+            rewritten = " ✎" if t.get("rewrite") else ""  # the person wrote the reply wanted
+            self.say(f"#{t['turn_id']} {mark}{rewritten}{stopped}")
             self.say(f"  you: {_clip(t['user_message'])}")
             self.say(f"  bot: {_clip(t['reply'])}")
 

@@ -170,8 +170,8 @@ class Daemon:
         if not force and not self.scheduler.active and self.store.ratings_waiting() == 0 \
                 and not pairs_waiting(self.store):
             return {"started": False, "ratings_waiting": 0,
-                    "reason": "nothing new to train on: no ratings or picks since the last "
-                              "round"}
+                    "reason": "nothing new to train on: no ratings, picks or rewrites since "
+                              "the last round"}
         return self.scheduler.request("request", force=force)
 
     def notify_rating(self) -> None:

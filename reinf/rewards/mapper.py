@@ -122,7 +122,7 @@ def build_metadata(sample: Sample, now: datetime, *,
         "user_id": sample.user_id, "checkpoint_id": sample.checkpoint_id or "base",
         "temperature": sample.temperature,
         "settings": dict(settings) if settings is not None else {},
-        "predicted": bool(sample.predicted),
+        "predicted": bool(sample.predicted), "rewrite": bool(sample.rewrite),
     }
 
 

@@ -105,6 +105,9 @@ class Turn(Base):
     rating: Mapped["Rating | None"] = relationship(back_populates="turn", uselist=False,
                                                    cascade="all, delete-orphan",
                                                    passive_deletes=True)
+    rewrite: Mapped["Rewrite | None"] = relationship(back_populates="turn", uselist=False,
+                                                     cascade="all, delete-orphan",
+                                                     passive_deletes=True)
 
 
 class Rating(Base):
@@ -122,6 +125,21 @@ class Rating(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, nullable=False,
                                                  index=True)
     turn: Mapped[Turn] = relationship(back_populates="rating")
+
+
+class Rewrite(Base):
+    """The reply the person wrote for a turn: the one they would have wanted. One per turn;
+    writing again replaces it. The trainer reads it as a pick over the turn's reply and as a
+    demonstration (reinf.training.rewrites)."""
+    __tablename__ = "rewrites"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    turn_id: Mapped[int] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"),
+                                         unique=True, nullable=False)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, nullable=False)
+    turn: Mapped[Turn] = relationship(back_populates="rewrite")
 
 
 PAIR_OUTCOMES = ("a", "b", "tie", "both_bad")

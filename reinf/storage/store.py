@@ -21,17 +21,18 @@ from sqlalchemy.orm import Session, aliased, selectinload
 
 from reinf.errors import BadInput, Conflict, NotFound, StoreError
 from reinf.records import (CheckpointRecord, ConversationRecord, PairRecord, RatingRecord,
-                           RunRecord, Sample, TurnRecord, iso)
+                           RewriteRecord, RewriteSample, RunRecord, Sample, TurnRecord, iso)
 from reinf.rewards.hooks import FORGOTTEN, MIN_REDACTED
 from reinf.storage import db
 from reinf.storage.permissions import secure_data_dir
 from reinf.storage.schema import (PAIR_OUTCOMES, PAIR_SOURCES, Checkpoint, Conversation, Pair,
-                                  Rating, TrainingRun, Turn, pack_floats, pack_ids, unpack_floats,
-                                  unpack_ids, utcnow)
+                                  Rating, Rewrite, TrainingRun, Turn, pack_floats, pack_ids,
+                                  unpack_floats, unpack_ids, utcnow)
 
 MAX_TAGS = 20
 MAX_TAG_CHARS = 64
 MAX_COMMENT_CHARS = 4000
+MAX_REWRITE_CHARS = 20_000
 RUN_STATUSES = ("running", "succeeded", "failed", "rejected")
 # OpenAI completion ids (webui/openai_api.py): a finished reply's is chatcmpl-<turn id>; the
 # early chunks of a streamed one carry chatcmpl-stream-<uuid4 hex>, kept in its turn's
@@ -330,6 +331,7 @@ class Store:
     def get_turn(self, turn_id: int) -> TurnRecord:
         with self._session(write=False) as s:
             turn = s.get(Turn, turn_id, options=[selectinload(Turn.rating),
+                                                 selectinload(Turn.rewrite),
                                                  selectinload(Turn.conversation)])
             if turn is None:
                 raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
@@ -415,6 +417,82 @@ class Store:
             record = _rating(rating)
             s.delete(rating)
             return record
+
+    # --- rewrites ---------------------------------------------------------------------
+
+    def rewrite(self, turn_id: int, text: Any) -> RewriteRecord:
+        """Store the reply the person wrote for a turn (the one they would have wanted), or
+        replace it (one rewrite per turn). The next round reads it as a pick over the turn's
+        reply and as a demonstration (reinf.training.rewrites)."""
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput("a rewrite must be the reply you wanted, as text; got "
+                           + ("an empty one" if isinstance(text, str) else type(text).__name__),
+                           fix="write the reply you would have wanted; to take a rewrite "
+                               "back, remove it", key="text")
+        if len(text) > MAX_REWRITE_CHARS:
+            raise BadInput(f"a rewrite holds at most {MAX_REWRITE_CHARS:,} characters, got "
+                           f"{len(text):,}", fix="shorten it", key="text")
+        check_text(text, "the rewrite")
+        with self._session(write=True) as s:
+            if s.get(Turn, turn_id, with_for_update=True) is None:
+                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            row = s.scalar(select(Rewrite).where(Rewrite.turn_id == turn_id))
+            now = utcnow()
+            if row is None:
+                row = Rewrite(turn_id=turn_id, created_at=now)
+                s.add(row)
+            row.text, row.updated_at = text, now
+            s.flush()
+            return _rewrite(row)
+
+    def get_rewrite(self, turn_id: int) -> RewriteRecord | None:
+        """The turn's rewrite, None when it has none (NotFound: no such turn)."""
+        with self._session(write=False) as s:
+            if s.get(Turn, turn_id) is None:
+                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            row = s.scalar(select(Rewrite).where(Rewrite.turn_id == turn_id))
+            return _rewrite(row) if row else None
+
+    def delete_rewrite(self, turn_id: int) -> RewriteRecord | None:
+        """Remove the turn's rewrite; returns what went (None: it had none)."""
+        with self._session(write=True) as s:
+            if s.get(Turn, turn_id) is None:
+                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            row = s.scalar(select(Rewrite).where(Rewrite.turn_id == turn_id))
+            if row is None:
+                return None
+            record = _rewrite(row)
+            s.delete(row)
+            return record
+
+    def training_rewrites(self, limit: int, *, until: datetime | None = None) -> list[RewriteSample]:
+        """The newest ``limit`` rewrites written by ``until`` (None: any time) of turns that
+        can still be trained on (a turn whose context was forgotten cannot), with the turn's
+        prompt and reply: what a round reads (reinf.training.rewrites)."""
+        query = (select(Rewrite, Turn, Conversation.user_id).select_from(Rewrite)
+                 .join(Turn, Rewrite.turn_id == Turn.id)
+                 .join(Conversation, Turn.conversation_id == Conversation.id)
+                 .where(Turn.context_forgotten.is_(False))
+                 .order_by(Rewrite.updated_at.desc(), Rewrite.id.desc()).limit(limit))
+        if until is not None:
+            query = query.where(Rewrite.updated_at <= until)
+        with self._session(write=False) as s:
+            rows = s.execute(query).all()
+            return [RewriteSample(
+                turn_id=turn.id, conversation_id=turn.conversation_id, turn_index=turn.index,
+                user_id=user_id, prompt=turn.user_message, text=rewrite.text,
+                prompt_ids=unpack_ids(turn.prompt_ids), reply=turn.reply,
+                reply_ids=unpack_ids(turn.reply_ids), written_at=rewrite.updated_at,
+                temperature=float((turn.gen_params or {}).get("temperature", 1.0)))
+                for rewrite, turn, user_id in rows]
+
+    def rewrites_since(self, since: datetime | None) -> int:
+        """How many rewrites were written (or written again) after ``since`` (None: ever)."""
+        with self._session(write=False) as s:
+            query = select(func.count()).select_from(Rewrite)
+            if since is not None:
+                query = query.where(Rewrite.updated_at > since)
+            return s.scalar(query) or 0
 
     # --- alternatives and pairs -------------------------------------------------------
 
@@ -571,7 +649,8 @@ class Store:
         conversation's path; None: every alternative too."""
         if limit is not None and limit <= 0:
             return []
-        query = select(Turn).options(selectinload(Turn.rating), selectinload(Turn.conversation))
+        query = select(Turn).options(selectinload(Turn.rating), selectinload(Turn.rewrite),
+                                     selectinload(Turn.conversation))
         if conversation_id is not None:
             query = query.where(Turn.conversation_id == conversation_id)
         if picked is not None:
@@ -669,6 +748,7 @@ class Store:
                 s.execute(update(Pair).where(Pair.prompt_turn_id.in_(
                     select(Turn.id).where(later_turns))).values(prompt_ids=None))
             ratings = 1 if turn.rating else 0
+            rewrites = 1 if turn.rewrite else 0
             texts = _rating_texts([turn.rating] if turn.rating else [])
             self._scrub_records(s, texts)
             pairs = self._forget_pairs(s, lambda t: t.id == turn_id)
@@ -685,6 +765,8 @@ class Store:
         result = {"turns": 1, "ratings": ratings, "later_turns_untrainable": later}
         if pairs:
             result["pairs"] = pairs
+        if rewrites:
+            result["rewrites"] = rewrites
         if siblings:  # they answer the same message, so it is still stored with them
             result["alternatives_kept"] = len(siblings)
         return self._forgot(result, texts)
@@ -697,26 +779,34 @@ class Store:
             rated = s.scalars(select(Rating).join(Turn)
                               .where(Turn.conversation_id == conversation_id)).all()
             ratings, texts = len(rated), _rating_texts(rated)
+            rewrites = s.scalar(select(func.count()).select_from(Rewrite).join(Turn)
+                                .where(Turn.conversation_id == conversation_id)) or 0
             self._scrub_records(s, texts)
             pairs = self._forget_pairs(s, lambda t: t.conversation_id == conversation_id)
             s.execute(delete(Conversation).where(Conversation.id == conversation_id))
         result = {"conversations": 1, "turns": turns or 0, "ratings": ratings}
         if pairs:
             result["pairs"] = pairs
+        if rewrites:
+            result["rewrites"] = rewrites
         return self._forgot(result, texts)
 
     def forget_all(self) -> dict[str, int]:
         before = self.counts()
         with self._session(write=True) as s:
+            rewrites = s.scalar(select(func.count()).select_from(Rewrite)) or 0
             texts = _rating_texts(s.scalars(select(Rating)).all())
             self._scrub_records(s, texts)
             s.execute(delete(Pair))
+            s.execute(delete(Rewrite))
             s.execute(delete(Rating))
             s.execute(delete(Turn))
             s.execute(delete(Conversation))
         result = {k: before[k] for k in ("conversations", "turns", "ratings")}
         if before["pairs"]:
             result["pairs"] = before["pairs"]
+        if rewrites:
+            result["rewrites"] = rewrites
         return self._forgot(result, texts)
 
     @staticmethod
@@ -1064,6 +1154,10 @@ def _rating(r: Rating) -> RatingRecord:
                         r.created_at, r.updated_at)
 
 
+def _rewrite(r: Rewrite) -> RewriteRecord:
+    return RewriteRecord(r.turn_id, r.text, r.created_at, r.updated_at)
+
+
 def _slot_sizes(s: Session, turns: Sequence[Turn]) -> dict[tuple[int, int], int]:
     """How many turns (alternatives) each (conversation, index) slot of ``turns`` holds."""
     sizes: dict[tuple[int, int], int] = {(t.conversation_id, t.index): 1 for t in turns}
@@ -1088,6 +1182,7 @@ def _turn(t: Turn, user_id: str | None = None, alternatives: int = 1) -> TurnRec
         context_forgotten=bool(t.context_forgotten), prompt_ids=unpack_ids(t.prompt_ids),
         reply_ids=unpack_ids(t.reply_ids), logprobs=unpack_floats(t.logprobs),
         rating=_rating(t.rating) if t.rating else None,
+        rewrite=_rewrite(t.rewrite) if t.rewrite else None,
         user_id=user_id or (t.conversation.user_id if t.conversation else "local"),
         system_prompt=t.conversation.system_prompt if t.conversation else None,
         picked=bool(t.picked), alternatives=alternatives)

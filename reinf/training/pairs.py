@@ -97,10 +97,11 @@ def collect_pairs(store, rated: Sequence, *, limit: int,
 
 
 def pairs_waiting(store) -> bool:
-    """Is there a pick (made or changed) since the last finished round started, and a rating
-    for the rating model it needs? A round with no new rating still has that to learn."""
+    """Is there a pick or a rewrite (made or changed) since the last finished round started,
+    and a rating for the round it needs? A round with no new rating still has that to learn."""
     if not store.counts()["ratings"]:
         return False
     finished = [r.started_at for r in store.list_runs(limit=50)
                 if r.status in ("succeeded", "rejected")]
-    return bool(store.list_pairs(limit=1, since=max(finished) if finished else None))
+    since = max(finished) if finished else None
+    return bool(store.list_pairs(limit=1, since=since)) or store.rewrites_since(since) > 0

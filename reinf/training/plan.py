@@ -35,11 +35,14 @@ class RoundPlan:
     pairs: PairRows = field(default_factory=PairRows)  # the picks the rating model read
 
 
-def plan_round(config, store, rated, session, report, *, read_at=None) -> RoundPlan:
+def plan_round(config, store, rated, session, report, *, read_at=None,
+               rewrites=None) -> RoundPlan:
     """Fit the rating model on the ``rated`` samples (every rating that is not forgotten,
-    newest first) and the person's picks (reinf.training.pairs), and decide the mode: fresh
-    rollouts once it is trustworthy, else the rated replies alone (the cold start)."""
+    newest first), the person's rewrites (reinf.training.rewrites: each a rating of 5 and a
+    pick over the turn's reply) and their picks (reinf.training.pairs), and decide the mode:
+    fresh rollouts once it is trustworthy, else the rated replies alone (the cold start)."""
     from reinf.training.pairs import collect_pairs
+    from reinf.training.rewrites import rewrite_pairs
     from reinf.training.rating_model import (PairSet, cross_validated_pair_accuracy,
                                              fit_rating_model, reply_features, spearman_ceiling)
     from reinf.training.session import unreadable
@@ -49,18 +52,29 @@ def plan_round(config, store, rated, session, report, *, read_at=None) -> RoundP
         return RoundPlan("rated", "training.method is rated", None, {})
     report({"stage": "rating_model"})
     started = time.perf_counter()
+    written = list(rewrites.samples) if rewrites is not None else []
     rated = [s for s in rated[:t.rating_model_max] if usable(session, s)]
-    metrics: dict[str, Any] = {"rating_model_ratings": len(rated)}
-    if len(rated) < t.min_ratings:
-        return RoundPlan("rated", f"cold start: {len(rated)} of the {t.min_ratings} ratings the "
-                         "rating model needs (training.min_ratings)", None, metrics)
-    # The person's picks join the ratings: their sides are rated rows, or rows of their own.
-    picked = collect_pairs(store, rated, limit=t.rating_model_max, until=read_at,
+    metrics: dict[str, Any] = {"rating_model_ratings": len(rated),
+                               "rating_model_rewrites": len(written)}
+    if len(rated) + len(written) < t.min_ratings:
+        return RoundPlan("rated", f"cold start: {len(rated) + len(written)} of the "
+                         f"{t.min_ratings} ratings the rating model needs "
+                         "(training.min_ratings; a rewrite counts as one)", None, metrics)
+    # The rewrites are rated rows too (a 5 each), after the ratings. The person's picks join
+    # them: their sides are rated rows, or rows of their own; then each rewrite's pick over
+    # the turn's reply.
+    labelled = rated + written
+    picked = collect_pairs(store, labelled, limit=t.rating_model_max, until=read_at,
                            unreadable=lambda p, r: unreadable(session, p, r)) \
         if t.pair_weight > 0 else PairRows()
-    features = reply_features(session.policy.model,
-                              [(s.prompt_ids, s.reply_ids) for s in rated] + picked.sides,
+    rows = [(s.prompt_ids, s.reply_ids) for s in labelled] + picked.sides
+    if written and t.pair_weight > 0:
+        picked.rows += rewrite_pairs(rewrites, len(rated), rows)
+        picked.sides = rows[len(labelled):]
+        picked.turn_ids |= rewrites.turn_ids
+    features = reply_features(session.policy.model, rows,
                               batch_size=config.ppo.batch_size * 2)
+    rated = labelled
     scores = [s.score for s in rated]
     seed = config.ppo.seed + session.counters["round"]
     pairs = PairSet.of(picked.rows) if picked.rows else None
@@ -88,7 +102,9 @@ def plan_round(config, store, rated, session, report, *, read_at=None) -> RoundP
                          f"{model.consistency:.2f} is below training.min_consistency "
                          f"{t.min_consistency}", model, metrics, picked)
     return RoundPlan("rollouts", f"the rating model predicts held-out ratings with Spearman "
-                     f"{model.consistency:.2f} (>= {t.min_consistency}, {len(rated)} ratings"
+                     f"{model.consistency:.2f} (>= {t.min_consistency}, "
+                     f"{len(rated) - len(written)} ratings"
+                     + (f", {len(written)} rewrites" if written else "")
                      + (f", {len(picked.rows)} picks" if picked.rows else "") + ")",
                      model, metrics, picked)
 

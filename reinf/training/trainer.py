@@ -3,15 +3,16 @@
 ``train_round(config, store, ...)`` is the unit the scheduler, the CLI and the benchmark
 call. It runs RLHF's two stages incrementally (docs/training.md):
 
-1. it refuses when no rating or pick arrived since the last finished round ("nothing new
-   to train on"), unless ``force``; it records a ``training_runs`` row, reads the newest
+1. it refuses when no rating, pick or rewrite arrived since the last finished round
+   ("nothing new to train on"), unless ``force``; it records a ``training_runs`` row, reads the newest
    ``replay_buffer_size`` rated turns and maps them to rewards and weights
    (``reinf.rewards.mapper``; a broken hook fails the run);
 2. loads the base model on the training device and continues from the ACTIVE checkpoint
    (``reinf.training.session``), or from its parent when the person's blind picks put it
    behind that (the picks rule, ``reinf.training.leaderboard.choose_start``); fits the **rating
-   model** on every rating that is not forgotten, and the person's picks
-   (``reinf.training.plan``, with ``reinf.training.rating_model`` and
+   model** on every rating that is not forgotten, the person's rewrites (a 5 each, and a
+   pick over the turn's reply) and their picks (``reinf.training.plan``, with
+   ``reinf.training.rating_model``, ``reinf.training.rewrites`` and
    ``reinf.training.pairs``); its cross-validated Spearman decides the mode: ``rollouts``
    once it is trustworthy, else ``rated`` (the cold start, and ``training.method: rated``):
    PPO on the rated replies alone, as the first version did (with RLOO's baseline under
@@ -19,7 +20,8 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
 3. in rollout mode, samples fresh replies from the current adapter for a few prompts
    (``reinf.training.plan``, through ``reinf.training.rollouts``), scores them with the
    rating model and the person's reward mapper, and keeps the person's rated replies to the
-   same prompts, with their real score, in the batch;
+   same prompts, with their real score, in the batch; in either mode the person's rewrites
+   join the batch as demonstrations, rewarded as a 5 (``reinf.training.rewrites``);
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
    (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
    replies) or the value head with GAE; in rollout mode, stages 3 and 4 run
@@ -62,6 +64,7 @@ from reinf.training import checkpoints
 from reinf.training.outcome import NothingToTrain
 from reinf.training.pairs import pairs_waiting
 from reinf.training.plan import collect_rollouts, plan_round
+from reinf.training.rewrites import demonstrations, read_rewrites
 from reinf.training.promotion import (gate, measure_fluency, measure_vs_base, promote,
                                       reject_forgotten)
 
@@ -92,8 +95,8 @@ def train_round(config, store, *, trigger: str = "manual", progress: Callable | 
     root = checkpoints.root_dir(config)
     checkpoints.clean_stray(root)
     if not force and store.ratings_waiting() == 0 and not pairs_waiting(store):
-        raise NothingToTrain("nothing new to train on: no ratings or picks since the last "
-                             "round", fix="rate some replies first (`reinf rate last 5`), or "
+        raise NothingToTrain("nothing new to train on: no ratings, picks or rewrites since "
+                             "the last round", fix="rate some replies first (`reinf rate last 5`), or "
                                           "pass --force to train on the stored ratings again")
     run = store.start_run(trigger, pid=os.getpid())
     try:
@@ -151,13 +154,19 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     start, passed_over = choose_start(store)
     session = build_session(config, store if not passed_over else StartFrom(store, start))
     episodes, skipped = select_episodes(session, kept)
+    # The person's rewrites: ratings of 5 and picks for the rating model, demonstrations for
+    # PPO (reinf.training.rewrites; a broken hook stops the round here too).
+    rewrites = read_rewrites(store, session, limit=config.training.rating_model_max,
+                             until=read_at)
+    shown = demonstrations(config, rewrites, now=now)
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
                             f"({_describe(skipped, len(samples) - len(kept))})",
                             fix="rate replies the current model produced (`reinf chat`)")
     counters = session.counters
     # 2. The rating model, fitted on every rating; it decides the round's mode.
-    plan = plan_round(config, store, rated, session, report, read_at=read_at)
+    plan = plan_round(config, store, rated, session, report, read_at=read_at,
+                      rewrites=rewrites)
     hp = Hyper.from_config(config.ppo)
     round_metrics: dict[str, Any] = {"mode": plan.mode, "mode_reason": plan.reason,
                                      **plan.metrics}
@@ -176,15 +185,18 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     for i in range(iterations):
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
         step = report if iterations == 1 else _numbered(report, i + 1, iterations)
-        batch, groups, rollout_metrics = episodes, None, {}
+        batch, groups, rollout_metrics = episodes + shown, None, {}
         if plan.mode == "rollouts":
+            # the rewrites' prompts are chosen as the ratings' are, newest first
+            prompted = sorted(samples + rewrites.samples, key=lambda s: s.rated_at,
+                              reverse=True)
             batch, groups, rollout_metrics = collect_rollouts(
-                config, session, plan.rating_model, samples, episodes, now=now, seed=seed,
-                report=step)
+                config, session, plan.rating_model, prompted, episodes + shown, now=now,
+                seed=seed, report=step)
         elif hp.advantage == "rloo":
             # A rated round's baseline under RLOO: the other rated replies to the same prompt
             # (a regenerated and rated one), else the mean of every other rated reply.
-            groups = prompt_groups(episodes)
+            groups = prompt_groups(batch)
         b = build_rollout(batch, device, groups=groups)
         session.reward_stats.update(b.rewards)
         if config.ppo.normalize_rewards:
@@ -210,6 +222,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                    reward_stats_std=session.reward_stats.std,
                    skipped=sum(skipped.values()), skipped_reasons=skipped,
                    dropped=len(samples) - len(kept), parent_id=session.parent_id,
+                   rewrites=len(shown), rewrites_skipped=rewrites.skipped,
                    device=str(device), warnings=session.warnings)
     # 5. The promotion gate: NaN, KL to the base, fluency on well-rated replies.
     report({"stage": "gate"})
@@ -254,7 +267,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     metrics["seconds"] = time.perf_counter() - started
     # What the checkpoint learned from: the rated turns of the PPO batch and the gate, and
     # every rating the rating model it carries was fitted on.
-    trained_on = {s.turn_id for s in samples}
+    trained_on = {s.turn_id for s in samples} | rewrites.turn_ids
     if plan.rating_model is not None:
         trained_on |= {s.turn_id for s in rated[:config.training.rating_model_max]}
         trained_on |= plan.pairs.turn_ids

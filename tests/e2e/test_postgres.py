@@ -30,8 +30,8 @@ from unit import test_store as store_tests
 # One xdist process runs them all (`--dist loadgroup`), so the session fixture runs once.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("postgres")]
 
-TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "training_runs",
-          "turns"]
+TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "rewrites",
+          "training_runs", "turns"]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -71,7 +71,7 @@ def test_the_server_is_found_off_path_or_the_tests_skip_saying_why(tmp_path):
 def test_upgrade_from_empty_reaches_the_current_revision(db_url):
     store = Store(db_url)
     assert db.table_names(store.engine) == TABLES
-    assert db.current_revision(store.engine) == db.head_revision() == "0004"
+    assert db.current_revision(store.engine) == db.head_revision() == "0005"
     insp = inspect(store.engine)
     for table in Base.metadata.sorted_tables:
         assert {c["name"] for c in insp.get_columns(table.name)} == {

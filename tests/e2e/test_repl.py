@@ -16,6 +16,7 @@ from conftest import clean_env
 from reinf.cli.chat import TURN_FIELDS
 from reinf.cli.repl import LEAVE_HINT, RATE_PROMPT, USER_PROMPT
 from reinf.config import load_config
+from reinf.errors import ReinfError
 from reinf.storage.store import Store
 from tiny import make_adapter, make_tiny_model
 from webui_fakes import FakeChatService
@@ -308,6 +309,35 @@ def test_replies_echoed_on_the_terminal_carry_no_escape(live, invoke, store, con
     assert "bot> echo: see this now!" in shown and "bot: echo: see this now!" in shown
     assert not any(c in shown for c in "\x1b\x07\x9b\x9c") and "52;c" not in shown
     assert "evil.example" not in shown and "owned" not in shown
+
+
+def test_rewrite_over_http_stores_the_reply_the_person_wanted(live, store, config):
+    """/rewrite through a running server (PUT /api/turns/<id>/rewrite), as the local backend
+    does it; the server's refusal is one line, and the session goes on."""
+    import io
+
+    from reinf.client import HttpBackend
+    from reinf.cli.repl import Repl
+    from reinf.storage.store import MAX_REWRITE_CHARS
+
+    keys = iter(["hello", "", "/rewrite Hi! How can I help?",
+                 "/rewrite " + "x" * (MAX_REWRITE_CHARS + 1), "/rewrite   ", "/history",
+                 "/quit"])
+    screen = io.StringIO()
+    Repl(HttpBackend(live.url, config), read=lambda _: next(keys), out=screen).run()
+    shown = screen.getvalue()
+    turn = store.last_turn()
+    assert (f"turn {turn.id}: rewrite saved (19 characters); the next training round learns "
+            "from it") in shown
+    assert f"error: a rewrite holds at most {MAX_REWRITE_CHARS:,} characters" in shown
+    assert "usage: /rewrite TEXT" in shown
+    assert f"#{turn.id} unrated ✎" in shown
+    assert store.get_rewrite(turn.id).text == "Hi! How can I help?"
+    backend = HttpBackend(live.url, config)
+    assert backend.rewrite(turn.id, "Hello.")["text"] == "Hello."  # again: replaced
+    assert store.get_rewrite(turn.id).text == "Hello."
+    with pytest.raises(ReinfError, match="no turn 999"):
+        backend.rewrite(999, "x")
 
 
 # --- --system ----------------------------------------------------------------------------------

@@ -281,6 +281,29 @@ def test_repl_enter_skips_and_slash_rate_rates_later(service, store):
     assert "#1 ★2 [wrong]" in out and "you: hello" in out
 
 
+def test_repl_rewrite_stores_the_reply_the_person_wanted(service, store):
+    from reinf.storage.store import MAX_REWRITE_CHARS
+
+    code, keys, out = run_repl(
+        service, store, "/rewrite too early", "hello", "/rewrite  Rainy, sadly. ",
+        "/rewrite", "again", "4", "/rewrite Cloudy.", "/rewrite " + "x" * (MAX_REWRITE_CHARS + 1),
+        "/history", "/quit")
+    assert code == 0
+    # at the rating prompt /rewrite runs, and the rating prompt is over
+    assert keys.prompts == [USER_PROMPT, USER_PROMPT, RATE_PROMPT, USER_PROMPT, USER_PROMPT,
+                            RATE_PROMPT, USER_PROMPT, USER_PROMPT, USER_PROMPT, USER_PROMPT]
+    assert "nothing to rewrite yet — send a message first" in out
+    assert "turn 1: rewrite saved (13 characters); the next training round learns from it" in out
+    assert "usage: /rewrite TEXT, the reply you wanted to your last message" in out
+    assert "turn 2: rewrite saved (7 characters)" in out
+    assert f"error: a rewrite holds at most {MAX_REWRITE_CHARS:,} characters" in out
+    assert store.get_rewrite(1).text == "Rainy, sadly."
+    assert store.get_rewrite(2).text == "Cloudy."  # the too long one replaced nothing
+    assert store.get_turn(2).rating.score == 4
+    assert "#1 unrated ✎\n" in out and "#2 ★4 ✎\n" in out
+    assert "/rewrite TEXT" in run_repl(service, store, "/help")[2]
+
+
 def test_repl_ctrl_c_during_a_reply_keeps_the_partial_reply(config, store):
     svc = ChatService(ScriptedEngine(config, delay=0.05), store, config)
     backend = LocalBackend(svc, store)

@@ -13,14 +13,14 @@ from reinf.storage import db
 from reinf.storage.schema import Base
 from reinf.storage.store import Store
 
-TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "training_runs",
-          "turns"]
+TABLES = ["alembic_version", "checkpoints", "conversations", "pairs", "ratings", "rewrites",
+          "training_runs", "turns"]
 
 
 def test_upgrade_from_an_empty_db(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'a.db'}")
     assert db.table_names(store.engine) == TABLES
-    assert db.current_revision(store.engine) == db.head_revision() == "0004"
+    assert db.current_revision(store.engine) == db.head_revision() == "0005"
     store.close()
 
 

@@ -1,6 +1,7 @@
 /* The history page: past turns with rating, tags, the reward the current mapper assigns,
- * the checkpoint that produced each, and their conversation's system prompt; filters by
- * rating, tag and date; forget a turn or a whole conversation. */
+ * the checkpoint that produced each, their conversation's system prompt and the person's
+ * rewrite of the reply; filters by rating, tag and date; forget a turn or a whole
+ * conversation. */
 "use strict";
 
 (() => {
@@ -52,6 +53,14 @@
               el("div", {class: "full-text"}, value));
   }
 
+  /** The reply the person wrote instead: a mark, with the text behind a disclosure. */
+  function rewriteBlock(rewrite) {
+    return el("details", {class: "rewrite-block"},
+      el("summary", {title: `rewritten ${formatTime(rewrite.updated_at || rewrite.created_at)}`},
+         el("span", {class: "rewrite-mark"}, "✎ rewritten")),
+      el("div", {class: "full-text"}, rewrite.text));
+  }
+
   function row(t) {
     const r = t.rating;
     const reward = t.reward === null || t.reward === undefined ? "–" : formatNumber(t.reward, 2);
@@ -68,7 +77,8 @@
                               longText(`System: ${t.system_prompt}`, 70)) : null,
          longText(t.user_message, 120)),
       el("td", {"data-label": "Reply", class: "message-cell"},
-         longText(t.reply, 160), t.interrupted ? el("em", {class: "muted"}, " (stopped)") : null),
+         longText(t.reply, 160), t.interrupted ? el("em", {class: "muted"}, " (stopped)") : null,
+         t.rewrite ? rewriteBlock(t.rewrite) : null),
       el("td", {"data-label": "Rating", class: "rating-cell"},
          r ? el("span", {class: `score-badge s${r.score}`, title: `rated ${r.score} of 5`},
                 `${r.score}/5`) : el("span", {class: "muted"}, "–"),

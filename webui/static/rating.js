@@ -1,14 +1,21 @@
 /* The rating panel under each reply: score 1-5, suggested and free tags, a comment, the
- * "critical" flag, and the saved state with change and undo.
+ * "critical" flag, and the saved state with change and undo; and the rewrite, the reply the
+ * person wanted instead.
  *
  * Choosing a score saves the rating (PUT /api/turns/<id>/rating). Once saved, changing
- * anything saves again; Undo deletes it (DELETE). */
+ * anything saves again; Undo deletes it (DELETE). Rewrite opens an editor filled with the
+ * reply (or the rewrite saved before); Save stores it (PUT /api/turns/<id>/rewrite, one per
+ * reply: saving again replaces it), Remove rewrite deletes it (DELETE). */
 "use strict";
 
 class RatingPanel {
-  constructor(turnId, rating, suggestedTags) {
+  constructor(turnId, rating, suggestedTags, reply, rewrite) {
     this.turnId = turnId;
     this.suggested = suggestedTags || [];
+    this.reply = reply || "";     // the reply's text: where a new rewrite starts
+    this.rewrite = rewrite || null;  // the stored rewrite, or null
+    this.rewriting = false;       // the rewrite editor is open
+    this.rewriteBusy = false;     // a rewrite PUT or DELETE is in flight
     this.saved = null;            // the stored rating, or null
     this.score = null;
     this.tags = [];
@@ -21,6 +28,7 @@ class RatingPanel {
     this.node = this.build();
     if (rating) this.adopt(rating);
     this.render();
+    this.renderRewrite();
   }
 
   build() {
@@ -50,6 +58,37 @@ class RatingPanel {
     this.stateText = el("span", {class: "rating-state-text"});
     this.undoButton = el("button", {type: "button", class: "link undo", hidden: true,
                                     onclick: () => this.undo()}, "Undo");
+    this.rewriteButton = el("button", {type: "button", class: "small rewrite-open",
+                                       "aria-expanded": "false", "aria-controls": `${id}-rewrite`,
+                                       "aria-label": "Rewrite this reply",
+                                       onclick: () => this.openRewrite()}, "Rewrite");
+    this.rewriteMark = el("span", {class: "rewrite-mark", hidden: true}, "✎ rewritten");
+    this.rewriteStateText = el("span", {class: "rewrite-state-text"});
+    this.removeRewriteButton = el("button", {type: "button", class: "link rewrite-remove",
+                                             hidden: true, "aria-label": "Remove rewrite",
+                                             onclick: () => this.removeRewrite()},
+                                  "Remove rewrite");
+    this.rewriteBox = el("textarea", {id: `${id}-rewrite-text`, rows: "6", maxlength: "20000",
+                                      "aria-label": "The reply you wanted (your rewrite)",
+                                      "aria-describedby": `${id}-rewrite-keys`});
+    this.rewriteBox.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") { event.preventDefault(); this.closeRewrite(); }
+      else if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+        event.preventDefault();
+        this.saveRewrite();
+      }
+    });
+    this.saveRewriteButton = el("button", {type: "button", class: "primary small",
+                                           "aria-label": "Save rewrite",
+                                           onclick: () => this.saveRewrite()}, "Save");
+    this.cancelRewriteButton = el("button", {type: "button", class: "small",
+                                             "aria-label": "Cancel rewrite",
+                                             onclick: () => this.closeRewrite()}, "Cancel");
+    this.rewriteEditor = el("div", {class: "rewrite-editor", id: `${id}-rewrite`, hidden: true},
+      el("label", {for: `${id}-rewrite-text`, class: "block-label"}, "The reply you wanted ",
+         el("span", {class: "muted", id: `${id}-rewrite-keys`}, "(Ctrl+Enter saves, Esc cancels)")),
+      this.rewriteBox,
+      el("div", {class: "rewrite-buttons"}, this.saveRewriteButton, this.cancelRewriteButton));
     return el("section", {class: "rating", "aria-label": "Rate this reply",
                           dataset: {turnId: String(this.turnId)}},
       el("div", {class: "rating-row"},
@@ -66,7 +105,13 @@ class RatingPanel {
           el("button", {type: "button", onclick: () => this.addFreeTag()}, "Add")),
         el("label", {for: `${id}-comment`, class: "block-label"}, "Comment"), this.commentBox,
         el("label", {class: "check"}, this.criticalBox,
-           " Critical — weigh this rating more")));
+           " Critical — weigh this rating more")),
+      el("div", {class: "rewrite", role: "group", "aria-label": "Rewrite"},
+        el("div", {class: "rating-row"},
+          this.rewriteButton, this.rewriteMark,
+          el("p", {class: "rating-state rewrite-state", role: "status", "aria-live": "polite"},
+             this.rewriteStateText, " ", this.removeRewriteButton)),
+        this.rewriteEditor));
   }
 
   adopt(rating) {
@@ -168,6 +213,9 @@ class RatingPanel {
     this.busy = true;  // keeps the score buttons disabled
     this.render("Not saved: this reply was deleted (forgotten)");
     this.undoButton.hidden = true;
+    this.rewrite = null;
+    this.rewriting = false;
+    this.renderRewrite();  // its controls stay disabled: this.deleted
   }
 
   async undo() {
@@ -183,6 +231,79 @@ class RatingPanel {
       this.busy = false;
       if (err.status === 404) { this.gone(); return; }
       this.render(`Not removed: ${Reinf.describeError(err)}`);
+    }
+  }
+
+  // --- the rewrite ------------------------------------------------------------------
+
+  renderRewrite(message) {
+    const {text} = Reinf;
+    const has = !!this.rewrite;
+    this.rewriteMark.hidden = !has;
+    this.rewriteEditor.hidden = !this.rewriting;
+    this.rewriteButton.setAttribute("aria-expanded", String(this.rewriting));
+    this.rewriteButton.disabled = this.deleted || this.rewriteBusy;
+    this.rewriteBox.disabled = this.rewriteBusy;
+    this.saveRewriteButton.disabled = this.deleted || this.rewriteBusy;
+    this.cancelRewriteButton.disabled = this.rewriteBusy;
+    this.removeRewriteButton.hidden = !has;
+    this.removeRewriteButton.disabled = this.deleted || this.rewriteBusy;
+    text(this.rewriteStateText, message || "");
+    this.node.classList.toggle("is-rewritten", has);
+  }
+
+  /** Open the editor with the stored rewrite, else the reply, to edit. */
+  openRewrite() {
+    if (this.deleted) return;
+    if (this.rewriting) { this.rewriteBox.focus(); return; }
+    this.rewriteBox.value = this.rewrite ? this.rewrite.text : this.reply;
+    this.rewriting = true;
+    this.renderRewrite();
+    this.rewriteBox.focus();
+  }
+
+  /** Close the editor; what was typed and not saved is dropped. */
+  closeRewrite() {
+    if (this.rewriteBusy) return;
+    this.rewriting = false;
+    this.renderRewrite();
+    this.rewriteButton.focus();
+  }
+
+  async saveRewrite() {
+    if (this.deleted || this.rewriteBusy) return;
+    this.rewriteBusy = true;
+    this.renderRewrite("Saving…");
+    try {
+      const rewrite = await Reinf.api("PUT", `/api/turns/${this.turnId}/rewrite`,
+                                      {text: this.rewriteBox.value});
+      this.rewriteBusy = false;
+      this.rewrite = rewrite;
+      this.rewriting = false;
+      this.renderRewrite("Rewrite saved");
+      this.rewriteButton.focus();
+    } catch (err) {
+      this.rewriteBusy = false;
+      if (err.status === 404) { this.gone(); return; }
+      this.renderRewrite(`Rewrite not saved: ${Reinf.describeError(err)}`);
+      this.rewriteBox.focus();  // the editor stays open with the text, to fix it
+    }
+  }
+
+  async removeRewrite() {
+    if (this.deleted || this.rewriteBusy || !this.rewrite) return;
+    this.rewriteBusy = true;
+    this.renderRewrite("Removing…");
+    try {
+      await Reinf.api("DELETE", `/api/turns/${this.turnId}/rewrite`);
+      this.rewriteBusy = false;
+      this.rewrite = null;
+      this.renderRewrite("Rewrite removed");
+      this.rewriteButton.focus();
+    } catch (err) {
+      this.rewriteBusy = false;
+      if (err.status === 404) { this.gone(); return; }
+      this.renderRewrite(`Rewrite not removed: ${Reinf.describeError(err)}`);
     }
   }
 }

@@ -69,7 +69,7 @@ class Replies {
     this.node.dataset.turnId = String(t.turn_id);
     let panel = this.panels.get(t.turn_id);
     if (!panel) {
-      panel = new RatingPanel(t.turn_id, t.rating, this.chat.suggestedTags);
+      panel = new RatingPanel(t.turn_id, t.rating, this.chat.suggestedTags, t.reply, t.rewrite);
       this.panels.set(t.turn_id, panel);
     }
     if (this.panel !== panel) {

@@ -1,0 +1,130 @@
+"""Rewrites in a real round on a tiny random Qwen2 (reinf.training.rewrites, plan, trainer):
+where every rating is the same (the model never writes what the person wants), a rewrite is
+the only contrast there is, and the round learns from it; the rating model reads rewrites as
+ratings of 5 and as picks; the reward mapper sees them; a forget during the round is honoured.
+"""
+from __future__ import annotations
+
+import pytest
+
+import trainkit as tk
+from reinf.training.rewrites import REWRITE_SCORE
+from reinf.training.trainer import train_round
+
+pytestmark = pytest.mark.e2e
+single_thread = pytest.fixture(autouse=True)(tk.one_thread)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tk.make_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def wanted(model_dir) -> str:
+    """A rewrite's text whose first token is GOOD (the tiny vocabulary's "F")."""
+    from transformers import AutoTokenizer
+
+    text = "F one two"
+    assert AutoTokenizer.from_pretrained(model_dir).encode(
+        text, add_special_tokens=False)[0] == tk.GOOD
+    return text
+
+
+def all_bad(store, model, n: int, *, seed: int) -> list[int]:
+    """``n`` turns that all start with BAD and are all rated 1: nothing to contrast."""
+    return tk.add_rated_turns(store, model, n, seed=seed, good_fraction=0.0)
+
+
+def test_rewrites_are_the_contrast_that_all_alike_ratings_lack(tmp_path, model_dir, wanted):
+    """The same stream of ratings, all 1, trained once alone and once with the person's
+    rewrites of half the turns: only the rewrites move the model toward what they show."""
+    from reinf.storage.store import Store
+
+    base = tk.load_policy(model_dir)
+    good0 = tk.first_token_logp(base, tk.GOOD)
+    moved = {}
+    for arm in ("ratings alone", "with rewrites"):
+        config = tk.train_config(tmp_path / arm, model_dir)
+        store = Store.open(config)
+        turns = all_bad(store, base, 12, seed=3)
+        if arm == "with rewrites":
+            for turn_id in turns[::2]:
+                store.rewrite(turn_id, wanted)
+        result = train_round(config, store)
+        assert result.status == "succeeded", result.message
+        assert result.metrics["rewrites"] == (6 if arm == "with rewrites" else 0)
+        trained = tk.load_policy(model_dir, store.active_checkpoint().path)
+        moved[arm] = tk.first_token_logp(trained, tk.GOOD) - good0
+        store.close()
+    assert moved["with rewrites"] > 0.1, moved            # toward the rewrites' first token
+    assert moved["with rewrites"] > moved["ratings alone"] + 0.1, moved
+
+
+def test_the_rating_model_reads_rewrites_as_fives_and_picks(home, model_dir, wanted):
+    from reinf.storage.store import Store
+
+    config = tk.train_config(home, model_dir, training_method="rollouts",
+                             training_min_consistency=-1.0, training_min_ratings=8,
+                             training_rollout_prompts=4, training_rollouts_per_prompt=2,
+                             training_rollout_max_new_tokens=6, training_winrate_prompts=4,
+                             ppo_epochs=1)
+    store = Store.open(config)
+    turns = all_bad(store, tk.load_policy(model_dir), 6, seed=4)
+    for turn_id in turns[:3]:
+        store.rewrite(turn_id, wanted)
+    result = train_round(config, store)
+    m = result.metrics
+    assert result.status == "succeeded", result.message
+    # 6 ratings + 3 rewrites reach min_ratings 8, and the 5s give the 1s a contrast
+    assert m["mode"] == "rollouts" and m["rating_model_rewrites"] == 3
+    assert m["rating_model_ratings"] == 6 and m["rating_model_pairs"] == 3
+    assert m["rating_model_consistency"] is not None
+    assert m["rewrites"] == 3 and m["rated_in_batch"] >= 1
+    assert "3 rewrites" in m["mode_reason"]
+
+
+def test_the_reward_mapper_sees_a_rewrite_and_rewards_it(home, model_dir, wanted):
+    from reinf.storage.store import Store
+
+    hook = home / "reward_mapper.py"
+    home.mkdir(parents=True, exist_ok=True)
+    hook.write_text(
+        "def reward_mapper(score, metadata):\n"
+        "    if metadata['rewrite']:\n"
+        f"        assert score == {REWRITE_SCORE} and metadata['response'] == {wanted!r}\n"
+        "        return 0.75\n"
+        "    return -0.5\n")
+    config = tk.train_config(home, model_dir, reward_mapper=f"{hook}:reward_mapper")
+    store = Store.open(config)
+    turns = all_bad(store, tk.load_policy(model_dir), 6, seed=5)
+    store.rewrite(turns[0], wanted)
+    result = train_round(config, store)
+    assert result.status == "succeeded", result.message
+    assert result.metrics["rewrites"] == 1
+    # the batch: six ratings at the mapper's -0.5 and the rewrite at its 0.75
+    assert result.metrics["reward_mean"] == pytest.approx((6 * -0.5 + 0.75) / 7)
+
+
+def test_a_rewrite_of_a_turn_forgotten_during_the_round_is_not_promoted(home, model_dir,
+                                                                        wanted, monkeypatch):
+    from reinf.storage.store import Store
+    from reinf.training import trainer
+
+    config = tk.train_config(home, model_dir)
+    store = Store.open(config)
+    turns = all_bad(store, tk.load_policy(model_dir), 6, seed=6)
+    unrated = store.append_turn(store.create_conversation("x").id, "q", "y",
+                                prompt_ids=[1, 9, 8, 1], reply_ids=[41, 5, 2],
+                                logprobs=[-1.0] * 3, gen_params={"temperature": 1.0})
+    store.rewrite(unrated.id, wanted)
+    real = trainer.measure_fluency
+
+    def forget_then_measure(*args, **kwargs):  # the person forgets it while the round runs
+        store.forget_turn(unrated.id)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "measure_fluency", forget_then_measure)
+    result = train_round(config, store)
+    assert result.status == "rejected" and "forgotten" in result.message
+    assert store.active_checkpoint() is None and store.get_turn(turns[0]).rating.score == 1

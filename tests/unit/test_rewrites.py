@@ -1,0 +1,122 @@
+"""Rewrites (the reply the person wanted) in the store and the HTTP API: one per turn,
+replaced when written again, refused when empty or too long, gone with their turn, and
+what a round reads of them (reinf.training.rewrites reads ``training_rewrites``)."""
+from __future__ import annotations
+
+import pytest
+
+from reinf.errors import BadInput, NotFound
+from reinf.storage.store import MAX_REWRITE_CHARS, Store
+from reinf.training.rewrites import Rewrites, rewrite_pairs
+from webui_fakes import app, build_daemon, client, daemon, fake_chat  # noqa: F401 - fixtures
+
+
+def turn(store, message="q", reply="a plain reply", conversation=None):
+    conv = conversation or store.create_conversation("c").id
+    return store.append_turn(conv, message, reply, prompt_ids=[1, 5, 1], reply_ids=[7, 8, 2],
+                             logprobs=[-1.0, -1.0, -1.0], gen_params={"temperature": 0.7})
+
+
+@pytest.fixture
+def db(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    yield store
+    store.close()
+
+
+def test_one_rewrite_per_turn_replaced_when_written_again(db):
+    t = turn(db)
+    first = db.rewrite(t.id, "- one\n- two")
+    assert (first.turn_id, first.text) == (t.id, "- one\n- two")
+    again = db.rewrite(t.id, "1. one\n2. two")
+    assert again.text == "1. one\n2. two" and again.created_at == first.created_at
+    assert db.get_rewrite(t.id).text == "1. one\n2. two"
+    assert db.get_turn(t.id).to_dict()["rewrite"]["text"] == "1. one\n2. two"
+    assert db.history()[0].rewrite.text == "1. one\n2. two"
+    assert db.delete_rewrite(t.id).text == "1. one\n2. two"
+    assert db.get_rewrite(t.id) is None and db.delete_rewrite(t.id) is None
+    assert db.get_turn(t.id).to_dict()["rewrite"] is None
+
+
+@pytest.mark.parametrize("text, says", [("", "empty"), ("  \n\t", "empty"), (None, "NoneType"),
+                                        (42, "int"), ("x" * (MAX_REWRITE_CHARS + 1), "20,000")])
+def test_bad_rewrites_are_refused_and_nothing_is_stored(db, text, says):
+    t = turn(db)
+    with pytest.raises(BadInput, match=says) as info:
+        db.rewrite(t.id, text)
+    assert info.value.fix and db.get_rewrite(t.id) is None
+
+
+def test_a_missing_turn_is_not_found(db):
+    for call in (lambda: db.rewrite(404, "x"), lambda: db.get_rewrite(404),
+                 lambda: db.delete_rewrite(404)):
+        with pytest.raises(NotFound, match="no turn 404"):
+            call()
+
+
+def test_forget_takes_the_rewrite_with_its_turn(db):
+    a, b = turn(db, "first"), turn(db, "second")
+    c = turn(db, "third", conversation=db.create_conversation("other").id)
+    for t in (a, b, c):
+        db.rewrite(t.id, f"wanted {t.id}")
+    assert db.forget_turn(a.id)["rewrites"] == 1
+    assert [r.turn_id for r in db.training_rewrites(10)] == [c.id, b.id]
+    assert db.forget_conversation(c.conversation_id)["rewrites"] == 1
+    assert [r.turn_id for r in db.training_rewrites(10)] == [b.id]
+    assert db.forget_all()["rewrites"] == 1
+    assert db.training_rewrites(10) == [] and db.rewrites_since(None) == 0
+
+
+def test_a_round_reads_rewrites_newest_first_with_their_turn(db):
+    conv = db.create_conversation("c").id
+    old, new = turn(db, "q1", conversation=conv), turn(db, "q2", conversation=conv)
+    db.rewrite(old.id, "old wish")
+    stamp = db.rewrite(new.id, "new wish").updated_at
+    rows = db.training_rewrites(10)
+    assert [(r.turn_id, r.text, r.prompt, r.reply) for r in rows] == \
+        [(new.id, "new wish", "q2", "a plain reply"), (old.id, "old wish", "q1", "a plain reply")]
+    assert rows[0].prompt_ids == [1, 5, 1] and rows[0].reply_ids == [7, 8, 2]
+    assert rows[0].temperature == 0.7 and rows[0].conversation_id == conv
+    assert [r.turn_id for r in db.training_rewrites(1)] == [new.id]
+    assert [r.turn_id for r in db.training_rewrites(10, until=stamp)] == [new.id, old.id]
+    assert db.rewrites_since(stamp) == 0 and db.rewrites_since(None) == 2
+    # forgetting the first turn erases the second's context: it is no longer read
+    db.forget_turn(old.id)
+    assert db.training_rewrites(10) == []
+
+
+def test_rewrite_pairs_reuse_a_rated_row_and_add_the_others():
+    rewrites = Rewrites(originals=[([1, 5], [7, 2]), ([1, 6], [8, 2]), ([1, 9], [])])
+    rewrites.samples = [object()] * 3
+    rows = [([1, 5], [7, 2]), ([1, 5], [40, 2]), ([1, 6], [40, 2]), ([1, 9], [40, 2])]
+    pairs = rewrite_pairs(rewrites, 1, rows)
+    # rewrite 0 (row 1) over the rated row 0; rewrite 1 (row 2) over a new row 4; the third
+    # turn had no reply to prefer the rewrite to
+    assert pairs == [(1, 0, 1.0), (2, 4, 1.0)] and rows[4] == ([1, 6], [8, 2])
+
+
+def test_the_api_writes_reads_and_removes_a_rewrite(client, store):
+    tid = client.post("/api/chat", json={"message": "hi"}).get_json()["turn_id"]
+    r = client.put(f"/api/turns/{tid}/rewrite", json={"text": "Hello! How can I help?"})
+    assert r.status_code == 200 and r.get_json()["text"] == "Hello! How can I help?"
+    assert client.get(f"/api/turns/{tid}").get_json()["rewrite"]["text"] == \
+        "Hello! How can I help?"
+    history = client.get("/api/history").get_json()["turns"]
+    assert history[0]["rewrite"]["turn_id"] == tid
+    r = client.put("/api/turns/last/rewrite", json={"text": "Hi."})
+    assert r.get_json()["text"] == "Hi." and store.get_rewrite(tid).text == "Hi."
+    r = client.delete(f"/api/turns/{tid}/rewrite")
+    assert r.status_code == 200 and r.get_json()["removed"]["text"] == "Hi."
+    assert client.delete(f"/api/turns/{tid}/rewrite").get_json() == {"removed": None}
+
+
+def test_the_api_refuses_bad_rewrites_plainly(client, store):
+    tid = client.post("/api/chat", json={"message": "hi"}).get_json()["turn_id"]
+    for body in ({"text": "   "}, {"text": 3}, {}, {"text": "x", "score": 5}):
+        r = client.put(f"/api/turns/{tid}/rewrite", json=body)
+        assert r.status_code == 400 and r.get_json()["error"], body
+    r = client.put(f"/api/turns/{tid}/rewrite", json={"text": "x" * (MAX_REWRITE_CHARS + 1)})
+    assert r.status_code == 400 and "20,000" in r.get_json()["error"]
+    assert client.put("/api/turns/4242/rewrite", json={"text": "x"}).status_code == 404
+    assert client.delete("/api/turns/4242/rewrite").status_code == 404
+    assert store.get_rewrite(tid) is None
