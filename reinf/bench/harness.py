@@ -549,7 +549,8 @@ def summarize_round(result: dict, after: int) -> dict:
             "rating_model_consistency", "rating_model_consistency_ceiling", "rollouts",
             "predicted_score_mean", "rollout_seconds",
             "fluency_change", "staleness", "advantage", "rating_model_pairs",
-            "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only")
+            "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only",
+            "rewrites", "rating_model_rewrites")
     by_model = (m.get("vs_base") or {}).get("by_rating_model") or {}
     return {"after_ratings": after, "status": result["status"],
             "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),
