@@ -191,12 +191,13 @@ def count(n: int, one: str, many: str) -> str:
 
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["raw", "sft", "kto"]), default="raw",
-              show_default=True, help="raw: everything; sft: chats rated 4-5; kto: labelled.")
+              show_default=True, help="raw: everything; sft: chats rated 4-5, and your rewrites; "
+                                      "kto: labelled.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="-",
               help="File to write, readable by you only (default: standard output).")
 @click.pass_obj
 def export(app, fmt, output):
-    """Rated turns as JSONL, for other training tools."""
+    """Rated turns (and your rewrites) as JSONL, for other training tools."""
     from reinf.storage.export import export_rows
     from reinf.storage.permissions import open_private
 

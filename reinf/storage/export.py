@@ -2,10 +2,13 @@
 
 Formats, one JSON object per line:
 
-- ``raw``: everything known about each rated turn (context, reply, rating, checkpoint).
-- ``sft``: ``{"messages": [...]}`` chat transcripts of turns rated 4 or 5.
+- ``raw``: everything known about each rated turn (context, reply, rating, checkpoint, and
+  the person's rewrite or null).
+- ``sft``: ``{"messages": [...]}`` chat transcripts of turns rated 4 or 5, and of every turn
+  the person rewrote, with the rewrite as the reply (it is the reply they wanted).
 - ``kto``: TRL's unpaired preference format, ``{"prompt": [...], "completion": [...],
-  "label": bool}``; 4-5 are desirable, 1-2 undesirable, 3 is dropped.
+  "label": bool}``; 4-5 are desirable, 1-2 undesirable, 3 is dropped; a rewrite is one more
+  desirable completion.
 
 The context of a turn is its conversation's system prompt, if it has one, then the earlier
 turns of its conversation that still exist.
@@ -41,12 +44,21 @@ def export_rows(store, fmt: str = "raw") -> Iterator[dict[str, Any]]:
     for t in turns:
         by_conv.setdefault(t.conversation_id, []).append(t)
     for turn in turns:
-        rating = turn.rating
-        if rating is None:
+        rating, rewrite = turn.rating, turn.rewrite
+        if rating is None and (rewrite is None or fmt == "raw"):
             continue
         context = _context(by_conv, turn)
         user = {"role": "user", "content": turn.user_message}
         assistant = {"role": "assistant", "content": turn.reply}
+        wanted = {"role": "assistant", "content": rewrite.text} if rewrite else None
+        if fmt == "sft":
+            if wanted or rating.score >= 4:
+                yield {"messages": context + [user, wanted or assistant]}
+            continue
+        if fmt == "kto" and wanted:
+            yield {"prompt": context + [user], "completion": [wanted], "label": True}
+        if rating is None:
+            continue
         if fmt == "raw":
             yield {"turn_id": turn.id, "conversation_id": turn.conversation_id,
                    "index": turn.index, "messages": context + [user], "reply": turn.reply,
@@ -54,10 +66,8 @@ def export_rows(store, fmt: str = "raw") -> Iterator[dict[str, Any]]:
                    "critical": rating.critical, "rated_at": iso(rating.updated_at),
                    "created_at": iso(turn.created_at),
                    "checkpoint_id": turn.checkpoint_id or "base",
-                   "interrupted": turn.interrupted}
-        elif fmt == "sft":
-            if rating.score >= 4:
-                yield {"messages": context + [user, assistant]}
+                   "interrupted": turn.interrupted,
+                   "rewrite": rewrite.text if rewrite else None}
         elif rating.score != 3:
             yield {"prompt": context + [user], "completion": [assistant],
                    "label": rating.score >= 4}

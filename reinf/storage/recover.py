@@ -4,6 +4,7 @@ The damaged file is kept beside the new one (``<name>.damaged-<timestamp>``); a 
 rating whose turn was lost keeps a placeholder turn, so no readable rating is dropped. A
 pair (a preference between two replies) whose turns or conversation were lost is dropped
 instead: a placeholder reply would teach a preference for or against a text nobody wrote.
+So is a rewrite whose turn was lost (it has no prompt left to answer).
 Checking a database and explaining its faults stay in ``reinf.db``.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from reinf.storage.db import create_db_engine, upgrade
 # --- recovery: copy what can still be read ------------------------------------------------
 
 # Parents before children, so foreign keys hold as rows go in.
-RECOVER_TABLES = ("conversations", "turns", "ratings", "pairs", "training_runs", "checkpoints")
+RECOVER_TABLES = ("conversations", "turns", "ratings", "rewrites", "pairs", "training_runs",
+                  "checkpoints")
 BATCH = 256
 LOST_TITLE = "(recovered: turns that could not be read back)"
 LOST_REPLY = "[this turn could not be read back when the database was recovered]"
@@ -81,10 +83,15 @@ def _copy_readable(source: Path, target: Path) -> dict:
             for table in RECOVER_TABLES:
                 tables[table] = _copy_table(src, dst, table)
             dropped = _drop_orphan_pairs(dst)  # before placeholders stand in for lost turns
+            # a rewrite whose turn was lost has no prompt left to answer: it goes too
+            lost = dst.execute("DELETE FROM rewrites WHERE turn_id NOT IN "
+                               "(SELECT id FROM turns)").rowcount
             placeholders = _add_placeholders(dst)
             dropped += _drop_orphan_pairs(dst)  # a lost conversation without turns
             tables["pairs"]["rows"] -= dropped
             tables["pairs"]["dropped"] = dropped
+            tables["rewrites"]["rows"] -= lost
+            tables["rewrites"]["dropped"] = lost
             dst.execute("COMMIT")
             problems = dst.execute("PRAGMA foreign_key_check").fetchall()
             integrity = dst.execute("PRAGMA integrity_check").fetchone()[0]
@@ -180,7 +187,8 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str) ->
 
 def _absent(src: sqlite3.Connection, table: str) -> bool:
     """Whether the schema is readable and has no ``table``: a database from before the
-    revision that added it (``pairs`` came with 0004), where nothing was lost."""
+    revision that added it (``pairs`` came with 0004, ``rewrites`` with 0005), where
+    nothing was lost."""
     try:
         return src.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                            (table,)).fetchone() is None

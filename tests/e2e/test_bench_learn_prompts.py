@@ -47,3 +47,29 @@ def test_learn_trains_on_the_file_and_probes_on_held_out_prompts(invoke, tmp_pat
         shutil.rmtree(run["data_dir"], ignore_errors=True)
     assert len(asked) == 4 and {normalise(a) for a in asked} <= train
     assert not {normalise(a) for a in asked} & probe
+
+
+def test_learn_with_rewrites_stores_what_the_simulated_person_wrote(invoke, tmp_path):
+    """--rewrite-every 1: every reply rated 2 or below that the rater can edit toward its
+    rule (bullets: its sentences as a list) is stored as a rewrite, and the round reads it."""
+    from reinf.bench.text_raters import rate_bullets
+
+    result = invoke("bench", "learn", "--json", "--threads", "1", "--heldout", "24", "--plot",
+                    tmp_path / "p.png", "--rater", "bullets", "--ratings", "8",
+                    "--train-after", "8", "--window", "8", "--probe", "2", "--final-probe",
+                    "2", "--seeds", "1", "--baselines", "none", "--rewrite-every", "1",
+                    "--keep")
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)["methods"]["reinf"]["seeds"][0]
+    try:
+        db = sqlite3.connect(f"{run['data_dir']}/reinf.db")
+        rows = db.execute("SELECT t.user_message, t.reply, w.text, r.score FROM rewrites w "
+                          "JOIN turns t ON t.id = w.turn_id "
+                          "JOIN ratings r ON r.turn_id = t.id").fetchall()
+        db.close()
+    finally:
+        shutil.rmtree(run["data_dir"], ignore_errors=True)
+    assert run["rewrites"] == len(rows) > 0
+    for prompt, reply, text, score in rows:
+        assert score <= 2 and text != reply and rate_bullets(prompt, text) >= 4
+    assert run["rounds"][0]["rewrites"] == len(rows)

@@ -171,6 +171,8 @@ def test_db_recover_keeps_the_pairs_whose_turns_came_back_and_drops_the_others(h
                   a_reply_ids=[4, 5], b_reply_ids=[6], blind=True) for t in turns]
     rows.append(dict(prompt="a typed prompt", outcome="tie", a_text="x", b_text="y"))
     made = store.add_pairs(rows)
+    for t in turns:  # and a rewrite of every turn: those of the lost turns go too
+        store.rewrite(t.id, f"wanted {t.id}")
     store.close()
     db = home / "reinf.db"
     damage_a_turns_page(db)
@@ -187,8 +189,12 @@ def test_db_recover_keeps_the_pairs_whose_turns_came_back_and_drops_the_others(h
     assert report["tables"]["pairs"] == {"rows": len(expected), "skipped": 0, "readable": True,
                                          "dropped": len(made) - len(expected)}
     assert report["integrity"] == "ok"
+    assert report["tables"]["rewrites"] == {"rows": len(back), "skipped": 0, "readable": True,
+                                            "dropped": len(turns) - len(back)}
     store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
     try:
+        assert {r.turn_id: r.text for r in store.training_rewrites(1000)} == \
+            {t: f"wanted {t}" for t in back if not store.get_turn(t).context_forgotten}
         pairs = {p.id: p for p in store.list_pairs(limit=None)}
         free = made[-1]
         assert (pairs[free.id].a_text, pairs[free.id].outcome) == ("x", "tie")

@@ -97,3 +97,19 @@ def test_reinf_forget_turn_takes_the_title_from_the_turn_left(store, invoke):
     invoke("forget", "--turn", first.id)
     assert store.get_conversation(conv).title == "what is the weather like"
     assert SECRET not in every_query_text(store)
+
+
+def test_export_gives_a_rewrite_as_the_reply_the_person_wanted(store):
+    conv = store.create_conversation().id
+    low = chat(store, conv, "q1", "a1", score=1)
+    unrated = chat(store, conv, "q2", "a2")
+    store.rewrite(low.id, "- a\n- b")
+    store.rewrite(unrated.id, "better a2")
+    raw = list(export_rows(store, "raw"))
+    assert [(r["turn_id"], r["rewrite"]) for r in raw] == [(low.id, "- a\n- b")]  # rated only
+    sft = list(export_rows(store, "sft"))
+    assert [r["messages"][-1]["content"] for r in sft] == ["- a\n- b", "better a2"]
+    assert sft[1]["messages"][-2] == {"role": "user", "content": "q2"}
+    kto = list(export_rows(store, "kto"))
+    assert [(r["completion"][0]["content"], r["label"]) for r in kto] == \
+        [("- a\n- b", True), ("a1", False), ("better a2", True)]
