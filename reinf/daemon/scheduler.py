@@ -78,8 +78,8 @@ def run_job(trigger: str, *, force: bool, round_fn: Round, store, now: Callable[
 
     Skipped without a child when fewer than ``min_waiting`` ratings wait (a timer tick
     with nothing new, or a ratings job that an earlier round made moot), unless
-    ``picks_count`` and a pick (compare, regenerate) is new since the last round: the
-    timer trains on picks alone too. The job boundary: whatever goes wrong is caught,
+    ``picks_count`` and a pick (compare, regenerate) or a rewrite is new since the last
+    round: the timer trains on those alone too. The job boundary: whatever goes wrong is caught,
     logged and returned as a failed result, so the scheduler lives on.
     """
     started = now()

@@ -566,3 +566,32 @@ def test_a_one_off_job_ending_during_shutdown_leaves_no_traceback():
     with pytest.raises(JobLookupError):  # while running, an unknown job is still an error
         aps.remove_job("no-such-job")
     aps.shutdown()
+
+
+def test_the_timer_trains_on_a_new_rewrite_as_on_a_new_pick(store):
+    """A rewrite is no rating, so the ratings trigger does not count it; the timer's job
+    (picks_count) runs a round for it, once there are ratings, and not again after."""
+    from datetime import datetime
+
+    calls = []
+
+    def round_fn(trigger, force):
+        calls.append(trigger)
+        run = store.start_run(trigger)
+        store.finish_run(run.id, "succeeded")
+        return {"status": "succeeded"}
+
+    def job():
+        return run_job("interval", force=False, round_fn=round_fn, store=store,
+                       now=lambda: datetime.now(timezone.utc), min_waiting=1,
+                       picks_count=True)
+
+    conv = store.create_conversation("c").id
+    turn = store.append_turn(conv, "q", "a", prompt_ids=[1], reply_ids=[2], logprobs=[-1.0])
+    store.rewrite(turn.id, "wanted")
+    assert job()["status"] == "skipped" and calls == []  # no rating yet: nothing to train
+    store.rate(turn.id, 2)
+    assert job()["status"] == "succeeded" and calls == ["interval"]
+    assert job()["status"] == "skipped"  # nothing new since that round
+    store.rewrite(turn.id, "wanted, written again")
+    assert job()["status"] == "succeeded" and calls == ["interval"] * 2
