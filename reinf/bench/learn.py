@@ -265,7 +265,7 @@ def settings_of(method: str, config, plan: LearnPlan | None = None) -> dict:
 # What must match for runs to be one comparison: the same rater, schedule and probe (so the
 # same streams and probe replies), the same model and Reinf configuration.
 MERGE_SAME = ("ratings", "train_after", "window", "target", "probe", "final_probe", "heldout",
-              "pairs_every", "prompts", "probe_prompts")
+              "pairs_every", "rewrite_every", "prompts", "probe_prompts")
 
 
 def merge_reports(reports: list[tuple[str, dict]]) -> dict:

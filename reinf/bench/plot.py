@@ -70,6 +70,11 @@ def format_table(report: dict) -> str:
              f"{plan['target']}",
              f"  probe: {plan['probe']} fixed prompts and sampling seeds after every round "
              f"({max(plan['probe'], plan['final_probe'])} for the base and the end)",
+             *([f"  rewrites: every {plan['rewrite_every']} reply rated 2 or below is "
+                f"rewritten by the simulated person ("
+                + ", ".join(str(s.get("rewrites")) for s in methods["reinf"]["seeds"])
+                + " rewrites by seed)"] if plan.get("rewrite_every") and "reinf" in methods
+               else []),
              f"  model {report['model']['name']} ({report['model']['parameters']:,} parameters)",
              f"  machine: {report['machine']}"]
     for m in names:
