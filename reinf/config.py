@@ -205,6 +205,10 @@ class TrainingConfig:
                                       "rating model beside your ratings: 1 = as the joint "
                                       "likelihood of both has it; 0 = ratings only",
                                  min=0.0, max=100.0)
+    rewrite_imitation: float = setting(1.0, "weight of your rewrites' log-likelihood in the "
+                                            "PPO loss (imitation; docs/training.md, "
+                                            "\"Rewrites\"); 0 = PPO's clipped objective alone",
+                                       min=0.0, max=100.0)
     winrate_prompts: int = setting(16, "after each round, the new adapter and the base answer "
                                        "this many of your newest prompts and the rating model "
                                        "judges them (the win rate vs base); 0 = off",

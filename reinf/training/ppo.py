@@ -38,6 +38,14 @@ sampled token (as GRPO does): the penalty in the return only tells a whole reply
 strayed; this term pulls every token back towards the base, low-variance. The gap to the
 base is capped at 20 nats like the ratio, so padding (masked out) cannot make it inf.
 
+Demonstrations (``Rollout.demos``: the person's rewrites, reinf.training.rewrites) are
+episodes like the others, and the loss also adds, with weight ``imitation_coef``, their
+mean negative log-likelihood per token (``imitation_loss``), unclipped: the clipped
+surrogate raises a demonstration's tokens by at most the clip range a round, which cannot
+teach a token the policy gives 0.1% (a list where it never writes one); this term can,
+while the KL terms and the gate bound how far the adapter goes (as InstructGPT mixed a
+likelihood term into PPO).
+
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
 - ``approx_kl``: k3 estimate ``(r - 1) - log r``, r = new / old: this round's movement;
@@ -93,6 +101,7 @@ class Rollout:
     rewards: Tensor         # (B,) mapped reward, given at the last reply token
     weights: Tensor         # (B,) sample weights from the reward mapper
     groups: Tensor | None = None  # (B,) long: episodes with one id are replies to one prompt
+    demos: Tensor | None = None   # (B,) 1.0 for a demonstration (a person's rewrite), else 0
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -108,15 +117,19 @@ class Rollout:
                        self.actions[idx, :n_reply],
                        self.mask[idx, :n_reply], self.logp_behaviour[idx, :n_reply],
                        self.temperature[idx], self.rewards[idx], self.weights[idx],
-                       None if self.groups is None else self.groups[idx])
+                       None if self.groups is None else self.groups[idx],
+                       None if self.demos is None else self.demos[idx])
 
 
 def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
-                  groups: Sequence[int] | None = None) -> Rollout:
+                  groups: Sequence[int] | None = None,
+                  demos: Sequence[bool] | None = None) -> Rollout:
     """``episodes``: (prompt_ids, reply_ids, logprobs, temperature, reward, weight) each;
-    ``groups``: one id per episode, shared by the k replies to one prompt (for RLOO).
-    ``logprobs`` None: sampled by the adapter the round starts from (a fresh rollout); its
-    behaviour log-probs are NaN here and ``train_policy`` takes the round-start pass's."""
+    ``groups``: one id per episode, shared by the k replies to one prompt (for RLOO);
+    ``demos``: True for an episode that is a demonstration (the imitation term reads it).
+    ``logprobs`` None: sampled by the adapter the round starts from (a fresh rollout), or a
+    demonstration; its behaviour log-probs are NaN here and ``train_policy`` takes the
+    round-start pass's."""
     if groups is not None and len(groups) != len(episodes):
         raise ValueError(f"groups has {len(groups)} ids for {len(episodes)} episodes: "
                          "give one group id per episode")
@@ -140,9 +153,14 @@ def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
         logp[i, :r] = math.nan if lps is None else torch.tensor(list(lps), dtype=torch.float32)
     temps, rewards, weights = (torch.tensor([float(e[k]) for e in episodes]) for k in (3, 4, 5))
     b_groups = None if groups is None else torch.tensor(list(groups), dtype=torch.long)
+    if demos is not None and len(demos) != len(episodes):
+        raise ValueError(f"demos has {len(demos)} flags for {len(episodes)} episodes")
+    b_demos = None if demos is None or not any(demos) else \
+        torch.tensor([float(bool(d)) for d in demos])
     return Rollout(*(t.to(device) for t in (input_ids, attention, positions, actions, mask, logp,
                                             temps, rewards, weights)),
-                   groups=None if b_groups is None else b_groups.to(device))
+                   groups=None if b_groups is None else b_groups.to(device),
+                   demos=None if b_demos is None else b_demos.to(device))
 
 
 # --- the policy: LoRA model + value head --------------------------------------------------
@@ -436,6 +454,7 @@ class Hyper:
     lam: float = 0.95                       # GAE lambda
     gradient_checkpointing: bool = False    # recompute activations in the backward pass
     advantage: str = "gae"                  # baseline: "gae" (value head) or "rloo" (groups)
+    imitation_coef: float = 0.0             # weight of the demonstrations' log-likelihood
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
@@ -514,10 +533,19 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     gap = (mb_logp_ref - out.logp).clamp(max=20)
     kl = weighted_mean(approx_kl(gap), mb.mask, mb.weights)
     loss = pg + hp.vf_coef * vf - hp.ent_coef * ent + hp.kl_loss_coef * kl
+    # Imitation: the demonstrations' mean negative log-likelihood per token, unclipped. The
+    # clipped surrogate raises a demonstration's tokens by at most the clip range a round,
+    # which cannot teach a token the policy gives 0.1%; this term can (the KL terms and the
+    # gate still bound how far the adapter goes).
+    demo = mb.demos is not None and hp.imitation_coef > 0 and bool(mb.demos.any())
+    nll = weighted_mean(-out.logp, mb.mask * mb.demos[:, None], mb.weights) if demo \
+        else torch.zeros((), device=pg.device)
+    if demo:
+        loss = loss + hp.imitation_coef * nll
     if not torch.isfinite(loss):
-        parts = (float(x.detach()) for x in (loss, pg, vf, ent, kl))
-        raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {}, KL {})"
-                            .format(*parts))
+        parts = (float(x.detach()) for x in (loss, pg, vf, ent, kl, nll))
+        raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {}, KL {}, "
+                            "imitation {})".format(*parts))
     with torch.no_grad():
         old_logratio = out.logp - mb_logp_old  # new / old (round start): this round's movement
         stats = {
@@ -529,6 +557,8 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
                                       mb.mask, mb.weights),
             "kl": kl.detach(),  # live KL to the base on the sampled tokens, for progress
         }
+        if demo:
+            stats["imitation_loss"] = nll.detach()
     return loss, stats
 
 
@@ -588,6 +618,9 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                         (loss / len(group)).backward()
                         for name in DIAGNOSTICS:
                             log[name].append(float(stats[name]))
+                        if "imitation_loss" in stats:
+                            log.setdefault("imitation_loss", []).append(
+                                float(stats["imitation_loss"]))
                         epoch_kl.append(float(stats["approx_kl"]))
                         if progress:
                             progress({"stage": "update", "epoch": epoch + 1,
@@ -631,5 +664,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         "epochs_run": epochs_run, "steps": steps, "early_stopped": early_stopped,
         "early_stop_epoch": epochs_run if early_stopped else None, "nan": nan,
         "nan_reason": nan_reason,
+        # the demonstrations' mean negative log-likelihood per token (None: no imitation)
+        "imitation_loss": mean.get("imitation_loss"),
         "update_seconds": time.perf_counter() - started,
     }

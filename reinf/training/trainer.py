@@ -54,7 +54,7 @@ import math
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -167,7 +167,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # 2. The rating model, fitted on every rating; it decides the round's mode.
     plan = plan_round(config, store, rated, session, report, read_at=read_at,
                       rewrites=rewrites)
-    hp = Hyper.from_config(config.ppo)
+    hp = replace(Hyper.from_config(config.ppo),
+                 imitation_coef=config.training.rewrite_imitation)
     round_metrics: dict[str, Any] = {"mode": plan.mode, "mode_reason": plan.reason,
                                      **plan.metrics}
     if passed_over:
@@ -197,7 +198,9 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             # A rated round's baseline under RLOO: the other rated replies to the same prompt
             # (a regenerated and rated one), else the mean of every other rated reply.
             groups = prompt_groups(batch)
-        b = build_rollout(batch, device, groups=groups)
+        demo_ids = {id(e) for e in shown}  # the rewrites, by identity (a tuple may repeat)
+        b = build_rollout(batch, device, groups=groups,
+                          demos=[id(e) in demo_ids for e in batch] if shown else None)
         session.reward_stats.update(b.rewards)
         if config.ppo.normalize_rewards:
             b.rewards = (b.rewards - session.reward_stats.mean) / max(session.reward_stats.std,

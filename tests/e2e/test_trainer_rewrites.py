@@ -61,6 +61,31 @@ def test_rewrites_are_the_contrast_that_all_alike_ratings_lack(tmp_path, model_d
     assert moved["with rewrites"] > 0.1, moved            # toward the rewrites' first token
 
 
+def test_imitation_raises_the_rewrites_further_than_the_clipped_objective(tmp_path,
+                                                                          model_dir, wanted):
+    """training.rewrite_imitation adds the rewrites' log-likelihood to the PPO loss; the
+    clipped objective alone moves a demonstration's tokens by at most the clip range."""
+    from reinf.storage.store import Store
+
+    base = tk.load_policy(model_dir)
+    good0 = tk.first_token_logp(base, tk.GOOD)
+    moved, losses = {}, {}
+    for coef in (0.0, 1.0):
+        config = tk.train_config(tmp_path / str(coef), model_dir,
+                                 training_rewrite_imitation=coef)
+        store = Store.open(config)
+        for turn_id in all_bad(store, base, 12, seed=3)[::2]:
+            store.rewrite(turn_id, wanted)
+        result = train_round(config, store)
+        assert result.status == "succeeded", result.message
+        losses[coef] = result.metrics["imitation_loss"]
+        moved[coef] = tk.first_token_logp(
+            tk.load_policy(model_dir, store.active_checkpoint().path), tk.GOOD) - good0
+        store.close()
+    assert losses[0.0] is None and losses[1.0] > 0
+    assert moved[1.0] > moved[0.0] + 0.03, moved
+
+
 def test_the_rating_model_reads_rewrites_as_fives_and_picks(home, model_dir, wanted):
     from reinf.storage.store import Store
 
