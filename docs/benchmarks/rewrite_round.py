@@ -14,7 +14,9 @@ trains. One JSON line at the end:
     REINF_HOME=... python docs/benchmarks/rewrite_round.py 0
     REINF_HOME=... python docs/benchmarks/rewrite_round.py 1
 
-MODEL (default smollm2-135m, pulled into REINF_HOME) picks the model. One torch thread.
+MODEL (default smollm2-135m, pulled into REINF_HOME) picks the model; SEED (default 0)
+another draw: the next 12 training prompts and 16 probe prompts, and seeds moved by SEED.
+One torch thread.
 """
 from __future__ import annotations
 
@@ -46,13 +48,16 @@ def main(arg: str) -> dict:
     config = load_config().replace(model_path=os.environ.get("MODEL", "smollm2-135m"))
     extra = {} if coef is None else {"training_rewrite_imitation": coef}
     _, cfg = bench_home(config, f"rewrite-round-{arg}", training_winrate_prompts=0, **extra)
+    seed = int(os.environ.get("SEED", "0"))
     train, probe = split_prompts(load_builtin())
+    train, probe = train[seed * RATED:], probe[seed * PROBE:]
     store, engine = Store.open(cfg), Engine.load(cfg)
     chat = ChatService(engine, store, cfg)
-    out: dict = {"arm": arg}
+    out: dict = {"arm": arg, "seed": seed}
     if coef is not None:
         wrote = 0
-        for turn in chat.send_many([p.text for p in train[:RATED]], seed=STREAM_SEED):
+        for turn in chat.send_many([p.text for p in train[:RATED]],
+                                    seed=STREAM_SEED + seed):
             store.rate(turn.id, rate_bullets(turn.user_message, turn.reply))
             text = rewrite_as_list(turn.user_message, turn.reply)
             if text and wrote < REWRITTEN:
@@ -65,7 +70,7 @@ def main(arg: str) -> dict:
         if result.status == "succeeded":
             engine.request_swap(result.checkpoint_id,
                                 store.get_checkpoint(result.checkpoint_id).path)
-    replies = chat.send_many([p.text for p in probe[:PROBE]], seed=PROBE_SEED)
+    replies = chat.send_many([p.text for p in probe[:PROBE]], seed=PROBE_SEED + seed)
     scores = [rate_bullets(t.user_message, t.reply) for t in replies]
     out.update(probe_mean=statistics.fmean(scores), n=len(scores),
                lists=sum(list_items(t.reply) >= 2 for t in replies),
