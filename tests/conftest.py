@@ -88,6 +88,22 @@ def invoke(runner):
     return run
 
 
+@pytest.fixture
+def seeded(invoke, home):
+    """A data directory (`reinf init --skip-model`) with one conversation of three turns
+    (the CLI tests' turns 1-3)."""
+    from reinf.config import load_config
+    from reinf.storage.store import Store
+
+    assert invoke("init", "--skip-model").exit_code == 0
+    store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
+    conv = store.create_conversation().id
+    turns = [store.append_turn(conv, f"question {i}", f"answer {i}", reply_ids=[1], logprobs=[-1])
+             for i in range(3)]
+    store.close()
+    return turns
+
+
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """An environment for subprocesses: the test's REINF_HOME, no stray settings."""
     drop = _setting_env_names()

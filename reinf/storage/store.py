@@ -390,8 +390,7 @@ class Store:
         if not isinstance(critical, bool):
             raise BadInput(f"critical must be true or false, got {critical!r}")
         with self._session(write=True) as s:
-            if s.get(Turn, turn_id, with_for_update=True) is None:  # one rating per turn
-                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            _require_turn(s, turn_id, lock=True)  # one rating per turn
             rating = s.scalar(select(Rating).where(Rating.turn_id == turn_id))
             now = utcnow()
             if rating is None:
@@ -406,8 +405,8 @@ class Store:
         """Delete the rating of ``turn_id``, or the most recently made one. Returns what went
         (None: there was no rating). A turn that does not exist is NotFound, as for rate()."""
         with self._session(write=True) as s:
-            if turn_id is not None and s.get(Turn, turn_id) is None:
-                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            if turn_id is not None:
+                _require_turn(s, turn_id)
             query = select(Rating)
             query = (query.where(Rating.turn_id == turn_id) if turn_id is not None
                      else query.order_by(Rating.updated_at.desc(), Rating.id.desc()).limit(1))
@@ -434,8 +433,7 @@ class Store:
                            f"{len(text):,}", fix="shorten it", key="text")
         check_text(text, "the rewrite")
         with self._session(write=True) as s:
-            if s.get(Turn, turn_id, with_for_update=True) is None:
-                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            _require_turn(s, turn_id, lock=True)  # one rewrite per turn
             row = s.scalar(select(Rewrite).where(Rewrite.turn_id == turn_id))
             now = utcnow()
             if row is None:
@@ -448,16 +446,14 @@ class Store:
     def get_rewrite(self, turn_id: int) -> RewriteRecord | None:
         """The turn's rewrite, None when it has none (NotFound: no such turn)."""
         with self._session(write=False) as s:
-            if s.get(Turn, turn_id) is None:
-                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            _require_turn(s, turn_id)
             row = s.scalar(select(Rewrite).where(Rewrite.turn_id == turn_id))
             return _rewrite(row) if row else None
 
     def delete_rewrite(self, turn_id: int) -> RewriteRecord | None:
         """Remove the turn's rewrite; returns what went (None: it had none)."""
         with self._session(write=True) as s:
-            if s.get(Turn, turn_id) is None:
-                raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+            _require_turn(s, turn_id)
             row = s.scalar(select(Rewrite).where(Rewrite.turn_id == turn_id))
             if row is None:
                 return None
@@ -465,7 +461,8 @@ class Store:
             s.delete(row)
             return record
 
-    def training_rewrites(self, limit: int, *, until: datetime | None = None) -> list[RewriteSample]:
+    def training_rewrites(self, limit: int, *,
+                          until: datetime | None = None) -> list[RewriteSample]:
         """The newest ``limit`` rewrites written by ``until`` (None: any time) of turns that
         can still be trained on (a turn whose context was forgotten cannot), with the turn's
         prompt and reply: what a round reads (reinf.training.rewrites)."""
@@ -1152,6 +1149,15 @@ def _conversation(c: Conversation, n: int) -> ConversationRecord:
 def _rating(r: Rating) -> RatingRecord:
     return RatingRecord(r.turn_id, r.score, list(r.tags or []), r.comment or "", bool(r.critical),
                         r.created_at, r.updated_at)
+
+
+def _require_turn(s: Session, turn_id: int, *, lock: bool = False) -> Turn:
+    """The turn ``turn_id`` (``lock``: FOR UPDATE, so that two writers of its one rating or
+    rewrite take turns), or NotFound."""
+    turn = s.get(Turn, turn_id, with_for_update=lock)
+    if turn is None:
+        raise NotFound(f"no turn {turn_id}", fix="see `reinf history` for turn ids")
+    return turn
 
 
 def _rewrite(r: Rewrite) -> RewriteRecord:

@@ -74,8 +74,7 @@ def plan_round(config, store, rated, session, report, *, read_at=None,
         picked.turn_ids |= rewrites.turn_ids
     features = reply_features(session.policy.model, rows,
                               batch_size=config.ppo.batch_size * 2)
-    rated = labelled
-    scores = [s.score for s in rated]
+    scores = [s.score for s in labelled]
     seed = config.ppo.seed + session.counters["round"]
     pairs = PairSet.of(picked.rows) if picked.rows else None
     model = fit_rating_model(features, scores, heads=t.rating_heads, seed=seed, pairs=pairs,
@@ -102,8 +101,7 @@ def plan_round(config, store, rated, session, report, *, read_at=None,
                          f"{model.consistency:.2f} is below training.min_consistency "
                          f"{t.min_consistency}", model, metrics, picked)
     return RoundPlan("rollouts", f"the rating model predicts held-out ratings with Spearman "
-                     f"{model.consistency:.2f} (>= {t.min_consistency}, "
-                     f"{len(rated) - len(written)} ratings"
+                     f"{model.consistency:.2f} (>= {t.min_consistency}, {len(rated)} ratings"
                      + (f", {len(written)} rewrites" if written else "")
                      + (f", {len(picked.rows)} picks" if picked.rows else "") + ")",
                      model, metrics, picked)

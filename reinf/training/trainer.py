@@ -4,8 +4,8 @@
 call. It runs RLHF's two stages incrementally (docs/training.md):
 
 1. it refuses when no rating, pick or rewrite arrived since the last finished round
-   ("nothing new to train on"), unless ``force``; it records a ``training_runs`` row, reads the newest
-   ``replay_buffer_size`` rated turns and maps them to rewards and weights
+   ("nothing new to train on"), unless ``force``; it records a ``training_runs`` row,
+   reads the newest ``replay_buffer_size`` rated turns and maps them to rewards and weights
    (``reinf.rewards.mapper``; a broken hook fails the run);
 2. loads the base model on the training device and continues from the ACTIVE checkpoint
    (``reinf.training.session``), or from its parent when the person's blind picks put it
@@ -96,8 +96,9 @@ def train_round(config, store, *, trigger: str = "manual", progress: Callable | 
     checkpoints.clean_stray(root)
     if not force and store.ratings_waiting() == 0 and not pairs_waiting(store):
         raise NothingToTrain("nothing new to train on: no ratings, picks or rewrites since "
-                             "the last round", fix="rate some replies first (`reinf rate last 5`), or "
-                                          "pass --force to train on the stored ratings again")
+                             "the last round",
+                             fix="rate some replies first (`reinf rate last 5`), or pass "
+                                 "--force to train on the stored ratings again")
     run = store.start_run(trigger, pid=os.getpid())
     try:
         return _run(config, store, run.id, root, progress, now, started)
@@ -159,6 +160,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     rewrites = read_rewrites(store, session, limit=config.training.rating_model_max,
                              until=read_at)
     shown = demonstrations(config, rewrites, now=now)
+    demo_ids = {id(e) for e in shown}  # the rewrites in a batch, by identity
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
                             f"({_describe(skipped, len(samples) - len(kept))})",
@@ -198,7 +200,6 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             # A rated round's baseline under RLOO: the other rated replies to the same prompt
             # (a regenerated and rated one), else the mean of every other rated reply.
             groups = prompt_groups(batch)
-        demo_ids = {id(e) for e in shown}  # the rewrites, by identity (a tuple may repeat)
         b = build_rollout(batch, device, groups=groups,
                           demos=[id(e) in demo_ids for e in batch] if shown else None)
         session.reward_stats.update(b.rewards)

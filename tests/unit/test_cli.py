@@ -11,20 +11,6 @@ import pytest
 from conftest import clean_env
 
 
-@pytest.fixture
-def seeded(invoke, home):
-    from reinf.config import load_config
-    from reinf.storage.store import Store
-
-    assert invoke("init", "--skip-model").exit_code == 0
-    store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
-    conv = store.create_conversation().id
-    turns = [store.append_turn(conv, f"question {i}", f"answer {i}", reply_ids=[1], logprobs=[-1])
-             for i in range(3)]
-    store.close()
-    return turns
-
-
 def test_init_creates_the_data_dir(invoke, home):
     result = invoke("init", "--skip-model", "--json")
     assert result.exit_code == 0, result.output

@@ -12,20 +12,6 @@ SAVED = "the next training round learns from it"
 
 
 @pytest.fixture
-def seeded(invoke, home):
-    from reinf.config import load_config
-    from reinf.storage.store import Store
-
-    assert invoke("init", "--skip-model").exit_code == 0
-    store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
-    conv = store.create_conversation().id
-    turns = [store.append_turn(conv, f"question {i}", f"answer {i}", reply_ids=[1], logprobs=[-1])
-             for i in range(3)]
-    store.close()
-    return turns
-
-
-@pytest.fixture
 def rewrite_of(home):
     """``rewrite_of(turn_id)``: the turn's stored rewrite text (None: none), read afresh."""
     from reinf.config import load_config
