@@ -211,7 +211,10 @@ def check_goals(report: dict) -> dict:
     ceiling = aggregate([x.get("rating_model_consistency_ceiling") for x in after48])
     return {
         "rise_by_48": {"base_mean": base_curve["probe_mean_rating"], "mean_at_48": at48,
-                       "rise": rise, "met": rise is not None and rise >= GOAL_RISE},
+                       "rise": rise, "met": rise is not None and rise >= GOAL_RISE,
+                       # how far any model could rise on this probe (the rater's best)
+                       "possible": (None if base_curve.get("probe_best") is None else
+                                    base_curve["probe_best"] - base_curve["probe_mean_rating"])},
         "share_by_96": {"base_share": base_curve["probe_preferred_share"], "share_at_96": at96,
                         "met": at96["mean"] is not None and at96["mean"] >= GOAL_SHARE},
         "perplexity_preferred": {

@@ -533,6 +533,8 @@ class Probe:
         shared = self.shared
         return {"probe_mean_rating": statistics.fmean(s for _, s, _ in probe),
                 "probe_preferred_share": statistics.fmean(g for _, _, g in probe),
+                # the highest mean any model could get on these prompts (the rater's best)
+                "probe_best": statistics.fmean(judge.best_score(r.prompt) for r, _, _ in probe),
                 "kl": m["kl"], "perplexity": m["perplexity"], "probe": len(probe),
                 "perplexity_preferred": subset_perplexity(
                     m["heldout_nll"], m["heldout_tokens"], shared["heldout_preferred"]),
@@ -550,7 +552,7 @@ def summarize_round(result: dict, after: int) -> dict:
             "predicted_score_mean", "rollout_seconds",
             "fluency_change", "staleness", "advantage", "rating_model_pairs",
             "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only",
-            "rewrites", "rating_model_rewrites")
+            "rewrites", "rewrites_imitated", "imitation_loss", "rating_model_rewrites")
     by_model = (m.get("vs_base") or {}).get("by_rating_model") or {}
     return {"after_ratings": after, "status": result["status"],
             "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),

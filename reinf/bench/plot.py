@@ -12,6 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from reinf.bench.aggregate import GOAL_RISE
+
 COLOURS = {"reinf": "#1f77b4", "rated": "#9467bd", "sft": "#ff7f0e", "kto": "#2ca02c",
            "bestofn": "#d62728"}
 KTO_GREENS = ("#2ca02c", "#17becf", "#8c564b", "#bcbd22", "#7f7f7f")  # a KTO sweep, in order
@@ -237,7 +239,10 @@ def _goal_lines(g: dict) -> list[str]:
     return [
         "", "Goals (default config, Reinf; means over seeds):",
         f"  {box(rise)} probe mean +1.0 over the base by 48 ratings: base "
-        f"{rise['base_mean']:.2f}, after 48 {_agg(rise['mean_at_48'], '.2f')}",
+        f"{rise['base_mean']:.2f}, after 48 {_agg(rise['mean_at_48'], '.2f')}"
+        + (f" (at most +{rise['possible']:.2f} possible: the rater gives some probe prompts "
+           "3 whatever the reply)"
+           if rise.get("possible") is not None and rise["possible"] < GOAL_RISE else ""),
         f"  {box(share)} preferred share >= 90% by 96 ratings: base {share['base_share']:.0%}, "
         f"after 96 {_agg(share['share_at_96'], '.0%')}",
         f"  {box(ppl)} held-out perplexity on preferred-style replies +5% at most: "

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from reinf.bench.text_raters import REWRITERS, TEXT_RATERS, RewriteFn, rate_length_graded
+from reinf.bench.text_raters import (BEST, REWRITERS, TEXT_RATERS, BestFn, RewriteFn,
+                                     rate_length_graded)
 from reinf.demo.corpus import detect_styles
 from reinf.errors import BadInput
 
@@ -78,9 +79,15 @@ class Rater:
     # what the simulated person writes instead of a reply it dislikes (--rewrite-every):
     # (prompt, reply) -> the rewrite, or None where an edit of the reply cannot meet the rule
     rewrite: RewriteFn | None = None
+    # the best rating any reply to a prompt can get (None: 5 for every prompt); a rater
+    # neutral outside its kind of prompt gives 3 there whatever the reply
+    best: BestFn | None = None
 
     def __call__(self, prompt: str, reply: str) -> int:
         return check_rating(self.rate(prompt, reply), self.name)
+
+    def best_score(self, prompt: str) -> int:
+        return 5 if self.best is None else self.best(prompt)
 
     def is_preferred(self, reply: str, score: int, *, prompt: str = "") -> bool:
         """In the preferred style (``preferred``), or rated 4-5 (a rater without one)."""
@@ -168,7 +175,8 @@ def load_rater(spec: str, *, seed: int = 0) -> Rater:
         return Rater(spec, rate, preferred, text, unseen=is_unseen(spec))
     if spec in TEXT_RATERS:
         rate, text = TEXT_RATERS[spec]
-        return Rater(spec, rate, None, text, unseen=is_unseen(spec), rewrite=REWRITERS.get(spec))
+        return Rater(spec, rate, None, text, unseen=is_unseen(spec), rewrite=REWRITERS.get(spec),
+                     best=BEST.get(spec))
     return load_rater_file(spec)
 
 

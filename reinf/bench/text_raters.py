@@ -423,3 +423,26 @@ REWRITERS: dict[str, RewriteFn] = {
     "no-question-back": rewrite_without_question, "no-exclamation": rewrite_without_bang,
     "arithmetic": rewrite_right_sum, "context-length": rewrite_for_context,
 }
+
+
+# --- the best rating a prompt allows ------------------------------------------------------
+
+BestFn = Callable[[str], int]
+
+
+def best_arithmetic(prompt: str) -> int:
+    """5 for an arithmetic prompt; any other gets the neutral 3 whatever the reply."""
+    return 5 if arithmetic_answer(prompt) is not None else 3
+
+
+def best_context_length(prompt: str) -> int:
+    """5 for a question of fact or a how-to; any other prompt gets the neutral 3."""
+    return 5 if classify_prompt(prompt) in ("fact", "howto") else 3
+
+
+# The raters whose best is not 5 for every prompt. A probe's mean of these is the highest
+# mean rating any model could get on it (reinf bench learn reports it beside the rise goal):
+# on the built-in probe, 3.25 for arithmetic (8 of 64 prompts are sums).
+BEST: dict[str, BestFn] = {"arithmetic": best_arithmetic,
+                           "context-length": best_context_length}
+

@@ -154,6 +154,23 @@ def test_goals_fail_where_the_run_falls_short():
     assert not g["rating_model_after_48"]["met"]
 
 
+def test_the_rise_goal_says_when_the_probe_cannot_allow_it():
+    """A rater neutral (3) on some probe prompts caps the probe mean below 5: the goal line
+    says how far any model could rise, and the goal is still judged at +1.0."""
+    runs = [fake_run(0, [2.0, 2.2, 2.3, 2.4])]
+    report = fake_report({"reinf": runs}, ratings=48)
+    assert report["goals"]["rise_by_48"]["possible"] is None          # no ceiling measured
+    assert "possible" not in format_table(report)
+    report["base_curve"] = {**BASE, "probe_best": 2.5}
+    report["goals"] = check_goals(report)
+    rise = report["goals"]["rise_by_48"]
+    assert rise["possible"] == pytest.approx(0.5) and not rise["met"]
+    assert "(at most +0.50 possible" in format_table(report)
+    report["base_curve"] = {**BASE, "probe_best": 5.0}               # room for +3.0
+    report["goals"] = check_goals(report)
+    assert "possible" not in format_table(report)
+
+
 def test_table_and_svg_show_means_and_ranges():
     runs = [fake_run(0, [2.0, 3.8, 4.4]), fake_run(1, [2.0, 4.4, 4.4])]
     report = fake_report({"reinf": runs, "sft": [fake_run(0, [2.0, 2.0, 2.5], mode=None),

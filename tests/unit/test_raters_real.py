@@ -213,6 +213,23 @@ def test_context_length_classifies_prompts_by_their_own_text():
     assert classify_prompt("What do you think is the best season?") is None
 
 
+def test_a_rater_neutral_outside_its_kind_of_prompt_says_its_best_there_is_3():
+    """Rater.best_score: the highest rating any reply to the prompt can get, which bounds the
+    probe mean (reinf bench learn reports it beside the rise goal)."""
+    arithmetic, context = load_rater("arithmetic"), load_rater("context-length")
+    assert arithmetic.best_score("What is 12 + 30?") == 5
+    assert arithmetic.best_score("Write a haiku about rain.") == 3
+    assert arithmetic("Write a haiku about rain.", "Rain falls.") == 3
+    assert context.best_score("How do I boil an egg?") == 5
+    assert context.best_score("Write a haiku about rain.") == 3
+    assert load_rater("bullets").best_score("Write a haiku about rain.") == 5
+    # on the built-in prompts, the best of each neutral prompt is what any reply gets there
+    for prompt in [p.text for p in load_builtin()][:120]:
+        for rater in (arithmetic, context):
+            if rater.best_score(prompt) == 3:
+                assert {rater(prompt, r) for r in ("- a\n- b\n- c", "42", words(90))} == {3}
+
+
 def test_noisy_graded_is_off_by_one_about_a_tenth_of_the_time_and_seeded():
     rng = random.Random(0)
     replies = [words(rng.randint(1, 220)) for _ in range(4000)]
