@@ -38,8 +38,9 @@ sampled token (as GRPO does): the penalty in the return only tells a whole reply
 strayed; this term pulls every token back towards the base, low-variance. The gap to the
 base is capped at 20 nats like the ratio, so padding (masked out) cannot make it inf.
 
-Demonstrations (``Rollout.demos``: the person's rewrites, reinf.training.rewrites) are
-episodes like the others, and the loss also adds, with weight ``imitation_coef``, their
+Demonstrations (the person's rewrites, reinf.training.rewrites) are episodes like the
+others; for those ``Rollout.demos`` flags (the rewrites new to the adapter the round
+starts from: each is imitated once) the loss also adds, with weight ``imitation_coef``, the
 mean negative log-likelihood per token (``imitation_loss``), unclipped: the clipped
 surrogate raises a demonstration's tokens by at most the clip range a round, which cannot
 teach a token the policy gives 0.1% (a list where it never writes one); this term can,
@@ -101,7 +102,7 @@ class Rollout:
     rewards: Tensor         # (B,) mapped reward, given at the last reply token
     weights: Tensor         # (B,) sample weights from the reward mapper
     groups: Tensor | None = None  # (B,) long: episodes with one id are replies to one prompt
-    demos: Tensor | None = None   # (B,) 1.0 for a demonstration (a person's rewrite), else 0
+    demos: Tensor | None = None   # (B,) 1.0 for a demonstration the imitation term reads, else 0
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

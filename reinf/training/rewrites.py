@@ -78,19 +78,54 @@ def read_rewrites(store, session, *, limit: int, until: datetime | None = None) 
     return out
 
 
-def demonstrations(config, rewrites: Rewrites, *, now) -> list[tuple]:
+@dataclass
+class Demonstrations:
+    """The rewrites as PPO episodes, and beside each whether the imitation term reads it."""
+    episodes: list[tuple] = field(default_factory=list)
+    imitate: list[bool] = field(default_factory=list)
+
+
+def demonstrations(config, rewrites: Rewrites, *, now,
+                   imitated_before: datetime | None = None) -> Demonstrations:
     """The rewrites as PPO episodes (prompt_ids, reply_ids, None, temperature, reward,
     weight), rewarded through the person's reward mapper and critics as REWRITE_SCORE; one
     the critics' consensus drops is left out, as a rating would be. A broken hook raises
-    HookError, as for ratings."""
+    HookError, as for ratings.
+
+    The imitation term reads a rewrite once: in the rounds until an adapter that imitated it
+    is the one a round starts from. ``imitated_before`` (:func:`imitated_before`) is when the
+    round that made that adapter read its data; a rewrite written (or changed) before then is
+    in it already, and it stays in the batch as a demonstration, a rating and a pick, but its
+    likelihood is not pushed up again (unclipped, round after round, a handful of short
+    rewrites is learnt by heart and the model's other text suffers; docs/training.md)."""
     from reinf.rewards.mapper import compute_rewards
 
+    out = Demonstrations()
     if not rewrites.samples:
-        return []
+        return out
     rows = compute_rewards(config, rewrites.samples, now=now,
                            labels=[f"your rewrite of turn {s.turn_id}" for s in rewrites.samples])
-    return [(s.prompt_ids, s.reply_ids, None, s.temperature, row.reward, row.weight)
-            for s, row in zip(rewrites.samples, rows) if row.kept]
+    for s, row in zip(rewrites.samples, rows):
+        if row.kept:
+            out.episodes.append((s.prompt_ids, s.reply_ids, None, s.temperature, row.reward,
+                                 row.weight))
+            out.imitate.append(imitated_before is None or s.rated_at >= imitated_before)
+    return out
+
+
+def imitated_before(store, checkpoint_id: str | None) -> datetime | None:
+    """When the round that made ``checkpoint_id`` (the adapter a round starts from) began: it
+    read every rewrite written before then. None for the base model, or a checkpoint whose
+    run is not known (none, or lost in a `reinf db recover`): every rewrite is new to it."""
+    from reinf.errors import NotFound
+
+    if checkpoint_id is None:
+        return None
+    try:
+        run_id = store.get_checkpoint(checkpoint_id).run_id
+        return store.get_run(run_id).started_at if run_id is not None else None
+    except NotFound:
+        return None
 
 
 def rewrite_pairs(rewrites: Rewrites, first_row: int,

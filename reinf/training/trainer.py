@@ -21,7 +21,8 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    (``reinf.training.plan``, through ``reinf.training.rollouts``), scores them with the
    rating model and the person's reward mapper, and keeps the person's rated replies to the
    same prompts, with their real score, in the batch; in either mode the person's rewrites
-   join the batch as demonstrations, rewarded as a 5 (``reinf.training.rewrites``);
+   join the batch as demonstrations, rewarded as a 5, and the ones new to the adapter the
+   round starts from are also imitated (``reinf.training.rewrites``);
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
    (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
    replies) or the value head with GAE; in rollout mode, stages 3 and 4 run
@@ -64,7 +65,7 @@ from reinf.training import checkpoints
 from reinf.training.outcome import NothingToTrain
 from reinf.training.pairs import pairs_waiting
 from reinf.training.plan import collect_rollouts, plan_round
-from reinf.training.rewrites import demonstrations, read_rewrites
+from reinf.training.rewrites import demonstrations, imitated_before, read_rewrites
 from reinf.training.promotion import (gate, measure_fluency, measure_vs_base, promote,
                                       reject_forgotten)
 
@@ -159,8 +160,11 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # PPO (reinf.training.rewrites; a broken hook stops the round here too).
     rewrites = read_rewrites(store, session, limit=config.training.rating_model_max,
                              until=read_at)
-    shown = demonstrations(config, rewrites, now=now)
-    demo_ids = {id(e) for e in shown}  # the rewrites in a batch, by identity
+    demos = demonstrations(config, rewrites, now=now,
+                           imitated_before=imitated_before(store, session.parent_id))
+    shown = demos.episodes
+    # the rewrites the imitation term reads, by identity in the batch (new since the adapter)
+    imitate_ids = {id(e) for e, new in zip(shown, demos.imitate) if new}
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
                             f"({_describe(skipped, len(samples) - len(kept))})",
@@ -201,7 +205,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             # (a regenerated and rated one), else the mean of every other rated reply.
             groups = prompt_groups(batch)
         b = build_rollout(batch, device, groups=groups,
-                          demos=[id(e) in demo_ids for e in batch] if shown else None)
+                          demos=[id(e) in imitate_ids for e in batch] if imitate_ids
+                          else None)
         session.reward_stats.update(b.rewards)
         if config.ppo.normalize_rewards:
             b.rewards = (b.rewards - session.reward_stats.mean) / max(session.reward_stats.std,
@@ -226,7 +231,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                    reward_stats_std=session.reward_stats.std,
                    skipped=sum(skipped.values()), skipped_reasons=skipped,
                    dropped=len(samples) - len(kept), parent_id=session.parent_id,
-                   rewrites=len(shown), rewrites_skipped=rewrites.skipped,
+                   rewrites=len(shown), rewrites_imitated=len(imitate_ids),
+                   rewrites_skipped=rewrites.skipped,
                    device=str(device), warnings=session.warnings)
     # 5. The promotion gate: NaN, KL to the base, fluency on well-rated replies.
     report({"stage": "gate"})

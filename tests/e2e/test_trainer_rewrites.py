@@ -86,6 +86,40 @@ def test_imitation_raises_the_rewrites_further_than_the_clipped_objective(tmp_pa
     assert moved[1.0] > moved[0.0] + 0.03, moved
 
 
+def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home, model_dir,
+                                                                             wanted):
+    """The unclipped imitation term reads a rewrite in the rounds that start from an adapter
+    made before it was written; once such a round is promoted, later rounds keep it as a
+    demonstration (clipped, like any episode) and imitate only the rewrites new to them, so a
+    few short rewrites are not pushed up again round after round."""
+    from reinf.storage.store import Store
+
+    config = tk.train_config(home, model_dir, training_rewrite_imitation=1.0)
+    store = Store.open(config)
+    base = tk.load_policy(model_dir)
+    first = all_bad(store, base, 6, seed=7)
+    store.rewrite(first[0], wanted)
+    store.rewrite(first[1], wanted)
+    one = train_round(config, store)
+    assert one.status == "succeeded", one.message
+    assert one.metrics["rewrites"] == 2 and one.metrics["rewrites_imitated"] == 2
+    assert one.metrics["imitation_loss"] > 0
+
+    second = all_bad(store, base, 4, seed=8)
+    two = train_round(config, store)  # new ratings, no new rewrite
+    assert two.status == "succeeded", two.message
+    assert two.metrics["rewrites"] == 2 and two.metrics["rewrites_imitated"] == 0
+    assert two.metrics["imitation_loss"] is None
+
+    store.rewrite(second[0], wanted)  # a new one, and one changed: both new to the adapter
+    store.rewrite(first[0], wanted + " two")
+    three = train_round(config, store)
+    assert three.status == "succeeded", three.message
+    assert three.metrics["rewrites"] == 3 and three.metrics["rewrites_imitated"] == 2
+    assert three.metrics["imitation_loss"] > 0
+    store.close()
+
+
 def test_the_rating_model_reads_rewrites_as_fives_and_picks(home, model_dir, wanted):
     from reinf.storage.store import Store
 

@@ -7,7 +7,7 @@ import pytest
 
 from reinf.errors import BadInput, NotFound
 from reinf.storage.store import MAX_REWRITE_CHARS, Store
-from reinf.training.rewrites import Rewrites, rewrite_pairs
+from reinf.training.rewrites import Rewrites, imitated_before, rewrite_pairs
 from webui_fakes import app, build_daemon, client, daemon, fake_chat  # noqa: F401 - fixtures
 
 
@@ -83,6 +83,18 @@ def test_a_round_reads_rewrites_newest_first_with_their_turn(db):
     # forgetting the first turn erases the second's context: it is no longer read
     db.forget_turn(old.id)
     assert db.training_rewrites(10) == []
+
+
+def test_a_rewrite_is_new_to_an_adapter_whose_round_began_before_it(db):
+    """imitated_before: when the round that made the checkpoint a round starts from began
+    (it read every rewrite written before then); None where that is not known."""
+    run = db.start_run("manual")
+    db.add_checkpoint("c1", "/x/c1", run_id=run.id)
+    db.add_checkpoint("c0", "/x/c0")                   # no run recorded
+    db.add_checkpoint("c2", "/x/c2", run_id=run.id + 99)  # its run lost (db recover)
+    assert imitated_before(db, "c1") == db.get_run(run.id).started_at
+    assert imitated_before(db, None) is None
+    assert imitated_before(db, "c0") is None and imitated_before(db, "c2") is None
 
 
 def test_rewrite_pairs_reuse_a_rated_row_and_add_the_others():
