@@ -80,9 +80,9 @@ def read_rewrites(store, session, *, limit: int, until: datetime | None = None) 
 
 @dataclass
 class Demonstrations:
-    """The rewrites as PPO episodes, and beside each whether the imitation term reads it."""
+    """The rewrites as PPO episodes, and those of them the imitation term reads."""
     episodes: list[tuple] = field(default_factory=list)
-    imitate: list[bool] = field(default_factory=list)
+    imitated: list[tuple] = field(default_factory=list)   # the same tuples, a subset
 
 
 def demonstrations(config, rewrites: Rewrites, *, now,
@@ -106,10 +106,12 @@ def demonstrations(config, rewrites: Rewrites, *, now,
     rows = compute_rewards(config, rewrites.samples, now=now,
                            labels=[f"your rewrite of turn {s.turn_id}" for s in rewrites.samples])
     for s, row in zip(rewrites.samples, rows):
-        if row.kept:
-            out.episodes.append((s.prompt_ids, s.reply_ids, None, s.temperature, row.reward,
-                                 row.weight))
-            out.imitate.append(imitated_before is None or s.rated_at >= imitated_before)
+        if not row.kept:
+            continue
+        episode = (s.prompt_ids, s.reply_ids, None, s.temperature, row.reward, row.weight)
+        out.episodes.append(episode)
+        if imitated_before is None or s.rated_at >= imitated_before:  # rated_at: written at
+            out.imitated.append(episode)
     return out
 
 

@@ -164,7 +164,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                            imitated_before=imitated_before(store, session.parent_id))
     shown = demos.episodes
     # the rewrites the imitation term reads, by identity in the batch (new since the adapter)
-    imitate_ids = {id(e) for e, new in zip(shown, demos.imitate) if new}
+    imitate_ids = {id(e) for e in demos.imitated}
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
                             f"({_describe(skipped, len(samples) - len(kept))})",
