@@ -346,3 +346,44 @@ def test_the_gate_reads_the_value_loss_only_where_the_value_head_trained():
                 kl_max=1.0).startswith("NaN")
     assert gate({**ok, "value_loss": math.nan, "advantage": "rloo", "kl": 2.0},
                 kl_max=1.0).startswith("KL")
+
+
+def test_until_likely_imitates_only_the_demonstrations_less_likely_than_the_policys_replies():
+    """With a target (the policy's own replies' NLL per token), a demonstration whose mean NLL
+    per token is at or below it adds nothing; one above it is pushed up, token by token."""
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0),   # a reply of its own
+                       ([1], [4, 5], None, 1.0, 1.0, 1.0),            # a learnt rewrite
+                       ([1], [6, 7], None, 1.0, 1.0, 1.0)],           # an unlikely rewrite
+                      demos=[False, True, True])
+    # NLL per token: the learnt rewrite (0.5 + 1.5) / 2 = 1.0, the unlikely one (2 + 4) / 2 = 3
+    policy = OneTokenPolicy([[-1.0, -1.0], [-0.5, -1.5], [-2.0, -4.0]])
+    b.logp_behaviour = torch.full((3, 2), -1.0)  # the round's start (train_policy fills it)
+    zero = torch.zeros(3, 2)
+    hp = Hyper(advantage="rloo", imitation_coef=1.0)
+    loss, stats = minibatch_loss(policy, b, zero, b.logp_behaviour, zero, zero, zero, hp,
+                                 imitation_target=1.2)
+    loss.backward()
+    grad = policy.logp.grad
+    assert torch.count_nonzero(grad[1]) == 0          # at 1.0, below 1.2: left alone
+    assert (grad[2] < 0).all()                        # a descent step raises both its tokens
+    assert float(stats["imitation_active"]) == pytest.approx(0.5)
+    # reported over every demonstration: (0.5 + 1.5 + 2 + 4) / 4
+    assert float(stats["imitation_loss"]) == pytest.approx(2.0)
+
+    policy.logp.grad = None
+    loss, stats = minibatch_loss(policy, b, zero, b.logp_behaviour, zero, zero, zero, hp)
+    loss.backward()  # no target (imitated once): both rewrites are pushed up
+    assert (policy.logp.grad[1] < 0).all() and (policy.logp.grad[2] < 0).all()
+    assert float(stats["imitation_active"]) == 1.0
+
+
+def test_the_target_is_the_policys_own_replies_nll_per_token():
+    from reinf.training.ppo import own_nll
+
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0),
+                       ([1], [4], [-1.0], 1.0, 0.0, 1.0),
+                       ([1], [6, 7], None, 1.0, 1.0, 1.0)], demos=[False, False, True])
+    logp = torch.tensor([[-1.0, -2.0], [-4.0, -100.0], [-9.0, -9.0]])  # -100: padding
+    assert own_nll(b, logp) == pytest.approx((1 + 2 + 4) / 3)  # the demonstration left out
+    only = build_rollout([([1], [6, 7], None, 1.0, 1.0, 1.0)], demos=[True])
+    assert own_nll(only, torch.zeros(1, 2)) is None
