@@ -299,6 +299,16 @@ def compute_rloo(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, 
     return (returns - baseline)[:, None] * mask, returns
 
 
+def own_nll(b: "Rollout", logp: Tensor) -> float | None:
+    """The policy's negative log-likelihood per token of the batch's episodes that are not
+    demonstrations (its own replies, sampled: about its entropy), None when there are none.
+    A demonstration as likely as this reads to the policy like a reply of its own."""
+    own = b.mask if b.demos is None else b.mask * (1 - b.demos)[:, None]
+    if not bool(own.any()):
+        return None
+    return float(weighted_mean(-logp, own, b.weights))
+
+
 def weighted_mean(x: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
     """Mean of x (B, T) over real tokens, each episode counted with its weight (B,)."""
     w = mask * weights[:, None]
@@ -456,6 +466,8 @@ class Hyper:
     gradient_checkpointing: bool = False    # recompute activations in the backward pass
     advantage: str = "gae"                  # baseline: "gae" (value head) or "rloo" (groups)
     imitation_coef: float = 0.0             # weight of the demonstrations' log-likelihood
+    imitation_until_likely: bool = False    # imitate a demonstration's token only while it is
+                                            # less likely than the policy's own replies' are
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
@@ -507,11 +519,13 @@ DIAGNOSTICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_
 
 
 def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_old: Tensor,
-                   mb_logp_ref: Tensor, mb_values: Tensor, mb_returns: Tensor, hp: Hyper
-                   ) -> tuple[Tensor, dict[str, Tensor]]:
+                   mb_logp_ref: Tensor, mb_values: Tensor, mb_returns: Tensor, hp: Hyper,
+                   imitation_target: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Forward one minibatch -> (loss with grad, no-grad scalar diagnostics).
 
     The ``mb_*`` tensors are (b, T) slices of the round's batch, trimmed like ``mb``.
+    ``imitation_target``: a negative log-likelihood per token; a demonstration's token already
+    at or below it is not imitated (None: every token of every flagged demonstration is).
     Raises NonFiniteLoss before anything is backpropagated if the loss is inf or nan.
     """
     gae = hp.advantage == "gae"
@@ -539,10 +553,21 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     # which cannot teach a token the policy gives 0.1%; this term can (the KL terms and the
     # gate still bound how far the adapter goes).
     demo = mb.demos is not None and hp.imitation_coef > 0 and bool(mb.demos.any())
-    nll = weighted_mean(-out.logp, mb.mask * mb.demos[:, None], mb.weights) if demo \
-        else torch.zeros((), device=pg.device)
+    nll = torch.zeros((), device=pg.device)
     if demo:
-        loss = loss + hp.imitation_coef * nll
+        demo_mask = mb.mask * mb.demos[:, None]
+        nll = weighted_mean(-out.logp, demo_mask, mb.weights)
+        pushed = demo_mask
+        if imitation_target is not None:
+            # until likely: only the tokens the policy still finds less likely than it finds
+            # its own replies' tokens on average; a learnt token is not pushed further (by
+            # heart), and one it has drifted away from is pushed again
+            pushed = demo_mask * (-out.logp.detach() > imitation_target)
+        # the sum over the pushed tokens, over every demonstration token: a token's pull is
+        # the same whichever of its neighbours are learnt already
+        loss = loss + hp.imitation_coef * (
+            (-out.logp * pushed * mb.weights[:, None]).sum()
+            / (demo_mask * mb.weights[:, None]).sum().clamp_min(1e-8))
     if not torch.isfinite(loss):
         parts = (float(x.detach()) for x in (loss, pg, vf, ent, kl, nll))
         raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {}, KL {}, "
@@ -560,6 +585,9 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
         }
         if demo:
             stats["imitation_loss"] = nll.detach()
+            # the share of this minibatch's demonstration tokens the term pushed up
+            stats["imitation_active"] = ((pushed * mb.weights[:, None]).sum()
+                                         / (demo_mask * mb.weights[:, None]).sum().clamp_min(1e-8))
     return loss, stats
 
 
@@ -589,6 +617,9 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                                        b.groups)
         b_returns = b_values  # unused: no value loss
     b_adv_white = whiten(b_advantages, b.mask, b.weights)
+    # until likely: the level a demonstration is imitated to, fixed for the round
+    target = own_nll(b, b_logp_old) if hp.imitation_until_likely and b.demos is not None \
+        else None
     # 3. Epochs over shuffled minibatches. The minibatches of each optimizer step are the
     #    same every epoch (only which samples fill them is reshuffled).
     params = policy.parameters()
@@ -615,13 +646,13 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                         loss, stats = minibatch_loss(
                             policy, mb, b_adv_white[mb_inds, :n_t], b_logp_old[mb_inds, :n_t],
                             b_logp_ref[mb_inds, :n_t], b_values[mb_inds, :n_t],
-                            b_returns[mb_inds, :n_t], hp)
+                            b_returns[mb_inds, :n_t], hp, imitation_target=target)
                         (loss / len(group)).backward()
                         for name in DIAGNOSTICS:
                             log[name].append(float(stats[name]))
-                        if "imitation_loss" in stats:
-                            log.setdefault("imitation_loss", []).append(
-                                float(stats["imitation_loss"]))
+                        for name in ("imitation_loss", "imitation_active"):
+                            if name in stats:
+                                log.setdefault(name, []).append(float(stats[name]))
                         epoch_kl.append(float(stats["approx_kl"]))
                         if progress:
                             progress({"stage": "update", "epoch": epoch + 1,
@@ -667,5 +698,9 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         "nan_reason": nan_reason,
         # the demonstrations' mean negative log-likelihood per token (None: no imitation)
         "imitation_loss": mean.get("imitation_loss"),
+        # until likely: the level (the policy's own replies' NLL per token at the round's
+        # start) and the share of demonstration tokens, over the minibatches, still above it
+        "imitation_target": target,
+        "imitation_active": mean.get("imitation_active"),
         "update_seconds": time.perf_counter() - started,
     }

@@ -160,10 +160,12 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # PPO (reinf.training.rewrites; a broken hook stops the round here too).
     rewrites = read_rewrites(store, session, limit=config.training.rating_model_max,
                              until=read_at)
-    demos = demonstrations(config, rewrites, now=now,
-                           imitated_before=imitated_before(store, session.parent_id))
+    until_likely = config.training.rewrite_imitation_rule == "until-likely"
+    demos = demonstrations(config, rewrites, now=now, imitated_before=None if until_likely
+                           else imitated_before(store, session.parent_id))
     shown = demos.episodes
-    # the rewrites the imitation term reads, by identity in the batch (new since the adapter)
+    # the rewrites the imitation term reads, by identity in the batch (new since the adapter,
+    # or every one while it is less likely than the model's own replies: until-likely)
     imitate_ids = {id(e) for e in demos.imitated}
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
@@ -174,7 +176,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     plan = plan_round(config, store, rated, session, report, read_at=read_at,
                       rewrites=rewrites)
     hp = replace(Hyper.from_config(config.ppo),
-                 imitation_coef=config.training.rewrite_imitation)
+                 imitation_coef=config.training.rewrite_imitation,
+                 imitation_until_likely=until_likely)
     round_metrics: dict[str, Any] = {"mode": plan.mode, "mode_reason": plan.reason,
                                      **plan.metrics}
     if passed_over:

@@ -6,6 +6,7 @@ ratings of 5 and as picks; the reward mapper sees them; a forget during the roun
 from __future__ import annotations
 
 import pytest
+import torch
 
 import trainkit as tk
 from reinf.training.rewrites import REWRITE_SCORE
@@ -118,6 +119,79 @@ def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home,
     assert three.metrics["rewrites"] == 3 and three.metrics["rewrites_imitated"] == 2
     assert three.metrics["imitation_loss"] > 0
     store.close()
+
+
+def likely_turns(store, model, n: int, *, seed: int) -> list[tuple[int, list[int]]]:
+    """``n`` turns whose replies are the model's own greedy continuations (as likely, per
+    token, as any reply it writes), each rated 1: (turn id, prompt ids) each."""
+    import random
+
+    rng = random.Random(seed)
+    conv = store.create_conversation(f"greedy {seed}")
+    turn_ids = []
+    for i in range(n):
+        prompt = tk.make_prompt(rng)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False,
+                                 pad_token_id=0)
+        reply = out[0, len(prompt):].tolist()
+        turn = store.append_turn(conv.id, f"prompt {seed}-{i}", "greedy", prompt_ids=prompt,
+                                 reply_ids=reply, logprobs=tk.reply_logprobs(model, prompt, reply),
+                                 gen_params={"temperature": tk.TEMPERATURE})
+        store.rate(turn.id, 1)
+        turn_ids.append((turn.id, prompt))
+    return turn_ids
+
+
+def test_until_likely_imitates_every_rewrite_in_every_round_while_it_is_unlikely(tmp_path,
+                                                                                   model_dir,
+                                                                                   wanted):
+    """training.rewrite_imitation_rule until-likely: a round reads every rewrite, new or not,
+    and pushes up each of its tokens the model finds less likely than its own replies' tokens
+    on average (the round's imitation_target). Where imitating once stops after the first
+    round, it goes on pushing in the second; by the third every token of the rewrites is as
+    likely as the model's own, and it stops."""
+    from reinf.storage.store import Store
+
+    from transformers import AutoTokenizer
+
+    base = tk.load_policy(model_dir)
+    wanted_ids = AutoTokenizer.from_pretrained(model_dir).encode(wanted, add_special_tokens=False)
+
+    def likelihood(model, prompts) -> float:  # of the rewrite, per token, on its prompts
+        return sum(sum(tk.reply_logprobs(model, p, wanted_ids)) for p in prompts) / (
+            len(prompts) * len(wanted_ids))
+
+    moved, rounds = {}, {}
+    for rule in ("once", "until-likely"):
+        config = tk.train_config(tmp_path / rule, model_dir, training_rewrite_imitation=1.0,
+                                 training_rewrite_imitation_rule=rule)
+        store = Store.open(config)
+        first = likely_turns(store, base, 6, seed=7)
+        for turn_id, _ in first[:4]:  # far less likely than the model's greedy replies
+            store.rewrite(turn_id, wanted)
+        prompts = [p for _, p in first[:4]]
+        before = likelihood(base, prompts)
+        rounds[rule] = []
+        for round_ in range(3):  # after the first: new ratings, no new rewrite
+            if round_:
+                likely_turns(store, base, 4, seed=7 + round_)
+            result = train_round(config, store)
+            assert result.status == "succeeded", result.message
+            assert result.metrics["rewrites"] == 4, result.metrics
+            rounds[rule].append(result.metrics)
+        moved[rule] = likelihood(tk.load_policy(model_dir, store.active_checkpoint().path),
+                                 prompts) - before
+        store.close()
+    once, until = rounds["once"], rounds["until-likely"]
+    assert [m["rewrites_imitated"] for m in once] == [4, 0, 0]
+    # the second round still finds most of the rewrites' tokens less likely: pushed
+    assert until[1]["rewrites_imitated"] == 4 and until[1]["imitation_active"] > 0
+    assert until[1]["imitation_loss"] > until[1]["imitation_target"] > 0
+    assert min(moved.values()) > 0.1, moved  # both moved toward the rewrites
+    # and once every token is as likely as its own replies' are, nothing is pushed further
+    assert until[2]["imitation_active"] == 0
+    assert until[2]["imitation_loss"] <= until[2]["imitation_target"] + 0.05
 
 
 def test_the_rating_model_reads_rewrites_as_fives_and_picks(home, model_dir, wanted):

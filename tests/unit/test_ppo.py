@@ -346,3 +346,46 @@ def test_the_gate_reads_the_value_loss_only_where_the_value_head_trained():
                 kl_max=1.0).startswith("NaN")
     assert gate({**ok, "value_loss": math.nan, "advantage": "rloo", "kl": 2.0},
                 kl_max=1.0).startswith("KL")
+
+
+def test_until_likely_imitates_only_the_tokens_less_likely_than_the_policys_replies():
+    """With a target (the policy's own replies' NLL per token), a demonstration's token at or
+    below it adds nothing; one above it is pushed up, as hard as without the target."""
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0),   # a reply of its own
+                       ([1], [4, 5], None, 1.0, 1.0, 1.0),            # half learnt
+                       ([1], [6, 7], None, 1.0, 1.0, 1.0)],           # unlikely
+                      demos=[False, True, True])
+    policy = OneTokenPolicy([[-1.0, -1.0], [-0.5, -1.5], [-2.0, -4.0]])
+    b.logp_behaviour = torch.full((3, 2), -1.0)  # the round's start (train_policy fills it)
+    zero = torch.zeros(3, 2)
+    hp = Hyper(advantage="rloo", imitation_coef=1.0)
+    grads = {}
+    for target in (1.2, None):
+        policy.logp.grad = None
+        loss, stats = minibatch_loss(policy, b, zero, b.logp_behaviour, zero, zero, zero, hp,
+                                     imitation_target=target)
+        loss.backward()
+        grads[target] = policy.logp.grad.clone()
+        # reported over every demonstration token either way: (0.5 + 1.5 + 2 + 4) / 4
+        assert float(stats["imitation_loss"]) == pytest.approx(2.0)
+        # the share of demonstration tokens pushed: 3 of 4 above 1.2, all without a target
+        assert float(stats["imitation_active"]) == pytest.approx(0.75 if target else 1.0)
+    g = grads[1.2]
+    assert g[1, 0] == 0                                # NLL 0.5, below 1.2: left alone
+    assert g[1, 1] < 0 and (g[2] < 0).all()            # a descent step raises the others
+    # each pushed token is pulled as hard as without the target: 1 / (4 demonstration tokens)
+    close(g[1:], [[0.0, -0.25], [-0.25, -0.25]])
+    close(grads[None][1:], [[-0.25, -0.25], [-0.25, -0.25]])
+    assert torch.count_nonzero(g[0]) == 0              # its own reply: no imitation
+
+
+def test_the_target_is_the_policys_own_replies_nll_per_token():
+    from reinf.training.ppo import own_nll
+
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0),
+                       ([1], [4], [-1.0], 1.0, 0.0, 1.0),
+                       ([1], [6, 7], None, 1.0, 1.0, 1.0)], demos=[False, False, True])
+    logp = torch.tensor([[-1.0, -2.0], [-4.0, -100.0], [-9.0, -9.0]])  # -100: padding
+    assert own_nll(b, logp) == pytest.approx((1 + 2 + 4) / 3)  # the demonstration left out
+    only = build_rollout([([1], [6, 7], None, 1.0, 1.0, 1.0)], demos=[True])
+    assert own_nll(only, torch.zeros(1, 2)) is None
