@@ -172,8 +172,7 @@ def run_learn(config, plan: LearnPlan, *, progress: Callable[[str], None] = say)
     if "bestofn" in methods:
         methods["bestofn"]["cost"] = shared["bestofn_candidates"].cost()
     report = {
-        "benchmark": "learn", "rater": {"name": rater.name, "description": rater.description,
-                                        "unseen": rater.unseen},
+        "benchmark": "learn", "rater": rater_record(rater, plan),
         "prompts": {**info, "probe_replies": max(plan.probe, plan.final_probe)},
         "plan": {**asdict(plan), "train_after": k}, "seeds": seeds, "machine": machine(),
         "model": shared["model"], "config": {s: dict(v) for s, v in config.to_dict().items()
@@ -198,6 +197,16 @@ def plan_prompts(config, plan: LearnPlan, seeds: list[int]):
                              model_dir=path if demo else None)
 
 
+def rater_record(rater, plan: LearnPlan) -> dict:
+    """The report's rater: unseen only if never used to choose a default, nor, in a run with
+    rewrites, how rewrites are imitated (raters.REWRITE_TUNED_ON)."""
+    from reinf.bench.raters import is_unseen
+
+    rewrites = bool(plan.rewrite_every)
+    return {"name": rater.name, "description": rater.description, "rewrites": rewrites,
+            "unseen": rater.unseen and (not rewrites or is_unseen(rater.name, rewrites=True))}
+
+
 def format_prompts(report: dict) -> str:
     """The prompt lines of the text report: where training and probe prompts came from."""
     p, rater = report["prompts"], report["rater"]
@@ -208,9 +217,16 @@ def format_prompts(report: dict) -> str:
              f"prompt; {p['overlaps_removed']} overlapping probe prompt(s) dropped"]
     if p.get("split"):
         lines.append(f"  split: {p['split']}")
-    lines.append(f"rater {rater['name']}: " + (
-        "unseen (never used to choose a default)" if rater.get("unseen") else
-        "used to choose the defaults (raters.TUNED_ON), so not an unseen rater"))
+    from reinf.bench.raters import is_unseen
+
+    if rater.get("unseen"):
+        why = "unseen (never used to choose a default)"
+    elif rater.get("rewrites") and is_unseen(rater["name"]):
+        why = ("its runs with rewrites were used to choose how rewrites are imitated "
+               "(raters.REWRITE_TUNED_ON), so not an unseen rater with rewrites")
+    else:
+        why = "used to choose the defaults (raters.TUNED_ON), so not an unseen rater"
+    lines.append(f"rater {rater['name']}: {why}")
     return "\n".join(lines)
 
 

@@ -63,6 +63,11 @@ TUNED_ON = ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain
             "tuning_raters.py:short_sentences", "tuning_raters.py:with_numbers",
             "tuning_raters.py:plain_words", "tuning_raters.py:you_for_advice",
             "tuning_raters.py:numbers_when_counting")
+# The raters whose runs with rewrites (--rewrite-every) were read to choose how rewrites are
+# imitated (training.rewrite_imitation_rule; every round, once, until likely: arithmetic's
+# held-out perplexity and bullets' probe, docs/benchmarks.md). A run of theirs with rewrites
+# is not unseen; one on ratings alone still is, since that choice does not touch it.
+REWRITE_TUNED_ON = ("arithmetic", "bullets")
 # rate with a tuned rater's rule, so they are not unseen either
 # (casual is 6 minus formal's rating: to the rating model, the same task mirrored)
 DERIVED = {"noisy": "prefers-terse", "noisy-graded": "length-graded", "casual": "formal"}
@@ -108,8 +113,10 @@ def check_rating(value, name: str) -> int:
     return int(score)
 
 
-def is_unseen(name: str) -> bool:
-    return name not in TUNED_ON and DERIVED.get(name) not in TUNED_ON
+def is_unseen(name: str, *, rewrites: bool = False) -> bool:
+    """Never used to choose a default (with ``rewrites``: nor how rewrites are imitated)."""
+    tuned = TUNED_ON + (REWRITE_TUNED_ON if rewrites else ())
+    return name not in tuned and DERIVED.get(name) not in tuned
 
 
 # --- the demo raters --------------------------------------------------------------------------

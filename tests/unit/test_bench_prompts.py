@@ -218,3 +218,20 @@ def test_the_text_report_names_the_prompts_and_whether_the_rater_is_unseen():
     assert "held out" in text and "unseen" in text
     report["rater"] = {"name": "prefers-terse", "unseen": False}
     assert "used to choose the defaults" in format_prompts(report)
+
+
+def test_a_rater_read_to_choose_the_rewrite_rule_is_not_unseen_in_a_run_with_rewrites():
+    from reinf.bench.learn import LearnPlan, rater_record
+    from reinf.bench.raters import REWRITE_TUNED_ON, load_rater
+
+    assert "bullets" in REWRITE_TUNED_ON
+    bullets, other = load_rater("bullets"), load_rater("no-question-back")
+    assert rater_record(bullets, LearnPlan())["unseen"]          # ratings alone: still unseen
+    with_rewrites = LearnPlan(rewrite_every=2)
+    record = rater_record(bullets, with_rewrites)
+    assert not record["unseen"] and record["rewrites"]
+    assert rater_record(other, with_rewrites)["unseen"]
+    report = {"rater": record, "prompts": {
+        "train_prompts": 290, "train_source": "set", "probe_prompts": 94,
+        "probe_source": "set", "probe_replies": 64, "overlaps_removed": 0}}
+    assert "REWRITE_TUNED_ON" in format_prompts(report)
