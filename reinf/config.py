@@ -210,9 +210,10 @@ class TrainingConfig:
                                             "\"Rewrites\"); 0 = PPO's clipped objective alone",
                                        min=0.0, max=100.0)
     rewrite_imitation_rule: str = setting(
-        "once", "which rewrites the imitation reads: once = each in the rounds until an "
-                "adapter that imitated it is promoted; until-likely = all, in every round, "
-                "each token while the model finds it less likely than its own replies' tokens",
+        "until-likely", "which rewrites the imitation reads: until-likely = all, in every "
+                        "round, each token while the model finds it less likely than its own "
+                        "replies' tokens; once = each in the rounds until an adapter that "
+                        "imitated it is promoted",
         choices=("once", "until-likely"))
     winrate_prompts: int = setting(16, "after each round, the new adapter and the base answer "
                                        "this many of your newest prompts and the rating model "

@@ -37,7 +37,7 @@ def test_learn_trains_on_the_file_and_probes_on_held_out_prompts(invoke, tmp_pat
     # the demo model's training split is kept out of the probe as well
     assert prompts["probe_prompts"] == len(probe) - prompts["overlaps_removed_demo_split"]
     assert report["rater"] == {"name": "answer-first", "description": report["rater"][
-        "description"], "unseen": True}
+        "description"], "unseen": True, "rewrites": False}
     run = report["methods"]["reinf"]["seeds"][0]
     try:
         db = sqlite3.connect(f"{run['data_dir']}/reinf.db")

@@ -89,13 +89,15 @@ def test_imitation_raises_the_rewrites_further_than_the_clipped_objective(tmp_pa
 
 def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home, model_dir,
                                                                              wanted):
-    """The unclipped imitation term reads a rewrite in the rounds that start from an adapter
-    made before it was written; once such a round is promoted, later rounds keep it as a
-    demonstration (clipped, like any episode) and imitate only the rewrites new to them, so a
-    few short rewrites are not pushed up again round after round."""
+    """training.rewrite_imitation_rule once: the unclipped imitation term reads a rewrite in
+    the rounds that start from an adapter made before it was written; once such a round is
+    promoted, later rounds keep it as a demonstration (clipped, like any episode) and imitate
+    only the rewrites new to them, so a few short rewrites are not pushed up again round
+    after round."""
     from reinf.storage.store import Store
 
-    config = tk.train_config(home, model_dir, training_rewrite_imitation=1.0)
+    config = tk.train_config(home, model_dir, training_rewrite_imitation=1.0,
+                             training_rewrite_imitation_rule="once")
     store = Store.open(config)
     base = tk.load_policy(model_dir)
     first = all_bad(store, base, 6, seed=7)
