@@ -43,6 +43,11 @@ Start a message with // to send a leading /."""
 LEAVE_HINT = "(Ctrl-C again or Ctrl-D to leave)"
 PICK_PROMPT = "which is better, 1-{n}? (Enter: no preference, reply {n} continues): "
 MORE_PROMPT = "...> "
+# after the session's first rating of 1 or 2 on the last reply, when it has no rewrite: a low
+# score says what the person does not want, a rewrite what they do, and on a real model the
+# rewrites teach far more (docs/training.md, "Rewrites")
+REWRITE_TIP = ("tip: /rewrite TEXT shows it the reply you wanted; a rewrite teaches it more "
+               "than any score")
 
 
 class ReplyHandle(Protocol):
@@ -160,6 +165,7 @@ class Repl:
         self.last_turn: dict | None = None
         self.rated: list[int] = []   # turns rated in this session, newest last (for /undo)
         self.slot: list[dict] = []   # the replies to the last message, as /again numbers them
+        self.tipped = False          # REWRITE_TIP was shown in this session
 
     def say(self, text: str = "", end: str = "\n") -> None:
         """Print a line; it may hold stored text (a reply, a tag), so escapes are stripped."""
@@ -365,6 +371,11 @@ class Repl:
         self.rated.append(turn_id)
         self.say(f"rated turn {turn_id}: {rating['score']}"
                  + (f" [{', '.join(rating['tags'])}]" if rating["tags"] else ""))
+        last = self.last_turn
+        if (rating["score"] <= 2 and not self.tipped and last is not None
+                and last.get("turn_id") == turn_id and not last.get("rewrite")):
+            self.tipped = True
+            self.say(REWRITE_TIP)
 
     def command(self, line: str):
         name, _, arg = line.partition(" ")
@@ -461,6 +472,7 @@ class Repl:
         except ReinfError as exc:
             self.say(f"error: {exc}")
             return
+        self.last_turn = {**self.last_turn, "rewrite": record}
         n = len(record["text"])
         self.say(f"turn {turn_id}: rewrite saved ({n} character{'' if n == 1 else 's'}); "
                  "the next training round learns from it")

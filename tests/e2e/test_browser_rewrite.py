@@ -143,3 +143,54 @@ def test_an_empty_rewrite_shows_the_api_error_and_stores_nothing(browser, live, 
     assert not panel.find_element(By.CSS_SELECTOR, ".rewrite-mark").is_displayed()
     assert api_turn(live, tid)["rewrite"] is None
     assert store.get_rewrite(tid) is None
+
+
+def test_a_low_score_asks_for_a_rewrite_until_one_is_saved(browser, live, store):
+    from selenium.webdriver.common.by import By
+
+    conv = store.create_conversation().id
+    tid = store.append_turn(conv, "explain", "a reply").id
+    browser.get(f"{live.url}/?conversation={conv}")
+    panel = wait(browser, lambda d: panel_of(d, tid))
+    hint = panel.find_element(By.CSS_SELECTOR, ".rewrite-hint")
+    state = panel.find_element(By.CSS_SELECTOR, ".rating-state")
+
+    def rate(n: int) -> None:
+        panel.find_element(By.CSS_SELECTOR, f"button.score[data-score='{n}']").click()
+        wait(browser, lambda d: f"Saved: {n}/5" in state.text)
+
+    assert not hint.is_displayed()  # unrated
+    rate(4)
+    assert not hint.is_displayed()
+    rate(2)
+    wait(browser, lambda d: hint.is_displayed())
+    assert "Rewrite the reply to show what you do" in hint.text
+    opener = panel.find_element(By.CSS_SELECTOR, "button.rewrite-open")
+    opener.click()  # the editor open: the line has done its work
+    wait(browser, lambda d: not hint.is_displayed())
+    panel.find_element(By.CSS_SELECTOR, "button[aria-label='Cancel rewrite']").click()
+    wait(browser, lambda d: hint.is_displayed())
+
+    # after a reload it comes from the stored score; a saved rewrite puts it away
+    browser.refresh()
+    panel = wait(browser, lambda d: panel_of(d, tid))
+    hint = panel.find_element(By.CSS_SELECTOR, ".rewrite-hint")
+    state = panel.find_element(By.CSS_SELECTOR, ".rating-state")
+    wait(browser, lambda d: hint.is_displayed())
+    panel.find_element(By.CSS_SELECTOR, "button.rewrite-open").click()
+    box = panel.find_element(By.CSS_SELECTOR, ".rewrite-editor textarea")
+    wait(browser, lambda d: box.is_displayed())
+    box.clear()
+    box.send_keys("the reply I wanted")
+    panel.find_element(By.CSS_SELECTOR, "button[aria-label='Save rewrite']").click()
+    wait(browser, lambda d: "Rewrite saved" in panel.text)
+    assert not hint.is_displayed()
+    assert store.get_rewrite(tid).text == "the reply I wanted"
+    assert store.get_turn(tid).rating.score == 2
+    # with the rewrite removed it is back; undoing the score puts it away
+    panel.find_element(By.CSS_SELECTOR, "button.rewrite-remove").click()
+    wait(browser, lambda d: hint.is_displayed())
+    panel.find_element(By.CSS_SELECTOR, "button.undo").click()
+    wait(browser, lambda d: "Rating removed" in state.text)
+    assert not hint.is_displayed()
+    assert console_errors(browser) == []

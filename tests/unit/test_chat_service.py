@@ -490,3 +490,17 @@ def test_parse_rating():
     for bad in ("0", "6", "4.5", "x", "-1"):
         with pytest.raises(BadInput):
             parse_rating(bad)
+
+
+def test_repl_asks_for_a_rewrite_after_the_first_low_score_only(service, store):
+    from reinf.cli.repl import REWRITE_TIP
+
+    _, _, out = run_repl(service, store, "hello", "4", "/rate 2", "/rate 1", "again", "1",
+                         "/quit")
+    assert out.count(REWRITE_TIP) == 1  # once a session, not under every low score
+    assert out.index("rated turn 1: 2") < out.index(REWRITE_TIP) < out.index("rated turn 1: 1")
+    # a reply rewritten before its low score needs no tip; nor does a score of 3
+    _, _, out = run_repl(service, store, "hello", "/rewrite Rainy.", "/rate 1", "/rate 3",
+                         "/quit")
+    assert "rated turn 3: 1" in out and REWRITE_TIP not in out
+    assert store.get_turn(3).rating.score == 3 and store.get_rewrite(3).text == "Rainy."

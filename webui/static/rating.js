@@ -5,7 +5,12 @@
  * Choosing a score saves the rating (PUT /api/turns/<id>/rating). Once saved, changing
  * anything saves again; Undo deletes it (DELETE). Rewrite opens an editor filled with the
  * reply (or the rewrite saved before); Save stores it (PUT /api/turns/<id>/rewrite, one per
- * reply: saving again replaces it), Remove rewrite deletes it (DELETE). */
+ * reply: saving again replaces it), Remove rewrite deletes it (DELETE).
+ *
+ * A saved score of 1 or 2 with no rewrite brings up a line under Rewrite that asks for one:
+ * on a real model a low score only says what the person does not want, and a model that
+ * seldom writes what they do want learns it from their rewrites far more than from scores
+ * (docs/training.md, "Rewrites"). */
 "use strict";
 
 class RatingPanel {
@@ -64,6 +69,9 @@ class RatingPanel {
                                        onclick: () => this.openRewrite()}, "Rewrite");
     this.rewriteMark = el("span", {class: "rewrite-mark", hidden: true}, "✎ rewritten");
     this.rewriteStateText = el("span", {class: "rewrite-state-text"});
+    this.rewriteHint = el("p", {class: "rewrite-hint", hidden: true},
+      "A low score says what you don't want. Rewrite the reply to show what you do: " +
+      "a rewrite teaches it more than any score.");
     this.removeRewriteButton = el("button", {type: "button", class: "link rewrite-remove",
                                              hidden: true, "aria-label": "Remove rewrite",
                                              onclick: () => this.removeRewrite()},
@@ -111,6 +119,7 @@ class RatingPanel {
           this.rewriteButton, this.rewriteMark,
           el("p", {class: "rating-state rewrite-state", role: "status", "aria-live": "polite"},
              this.rewriteStateText, " ", this.removeRewriteButton)),
+        this.rewriteHint,
         this.rewriteEditor));
   }
 
@@ -147,6 +156,13 @@ class RatingPanel {
     text(this.stateText, state);
     this.node.classList.toggle("is-saved", !!this.saved);
     this.undoButton.hidden = !this.saved;
+    this.renderHint();
+  }
+
+  /** The line asking for a rewrite: under a saved score of 1 or 2 that has none. */
+  renderHint() {
+    this.rewriteHint.hidden = !(this.saved && this.saved.score <= 2 && !this.rewrite &&
+                                !this.rewriting && !this.deleted);
   }
 
   setScore(n) {
@@ -250,6 +266,7 @@ class RatingPanel {
     this.removeRewriteButton.disabled = this.deleted || this.rewriteBusy;
     text(this.rewriteStateText, message || "");
     this.node.classList.toggle("is-rewritten", has);
+    this.renderHint();
   }
 
   /** Open the editor with the stored rewrite, else the reply, to edit. */
