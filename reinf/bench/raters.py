@@ -22,8 +22,11 @@ no-exclamation, answer-first, formal, casual, gives-example, arithmetic, context
 and ``noisy-graded`` (as length-graded, but 10% of its ratings off by one, seeded).
 
 ``TUNED_ON`` lists the raters that were used to choose Reinf's defaults (``kl_loss_coef``,
-RLOO) or whose probe figures were read while comparing settings (length-graded and formal,
-on the real model); every other one is *unseen*, and the report says which (``"unseen"``).
+RLOO), whose probe figures were read while comparing settings (length-graded and formal,
+on the real model), or that were written to choose the rating model's features (the file
+raters); ``DERIVED`` those that rate by a tuned rater's rule; ``REWRITE_TUNED_ON`` those whose
+runs with rewrites chose how rewrites are imitated (tuned only in a run with rewrites). Every
+other one is *unseen*, and the report says which (``"unseen"``).
 
 ``--rater path/to/file.py:function`` loads any function with the same signature. It may
 carry a ``preferred(prompt, reply) -> bool`` (or ``preferred(reply)``) attribute; without

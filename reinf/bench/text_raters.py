@@ -341,8 +341,8 @@ TEXT_RATERS: dict[str, tuple[RaterFn, str]] = {  # name -> (rate, what it reward
     "length-graded": (rate_length_graded, "by length: 5 up to 30 words, 4 up to 60, 3 up to "
                                           "100, 2 up to 160, 1 beyond"),
     "bullets": (rate_bullets, "5 for a list of 3+ items, 4 for 2, 2 for 1, 1 for none"),
-    "no-question-back": (rate_no_question_back, "1 for a reply ending with a question to the "
-                                                "user, 2 for one mid-reply, else 4-5"),
+    "no-question-back": (rate_no_question_back, "1 for a reply ending with a question, 2 for "
+                                                "one mid-reply, else 4-5"),
     "no-exclamation": (rate_no_exclamation, "5 without '!', 3 with one, 2 with two, 1 with more"),
     "answer-first": (rate_answer_first, "5 when the first sentence answers, 1 for a preamble "
                                         "('Great question', 'As an AI')"),
