@@ -165,6 +165,8 @@ def test_a_low_score_asks_for_a_rewrite_until_one_is_saved(browser, live, store)
     rate(2)
     wait(browser, lambda d: hint.is_displayed())
     assert "Rewrite the reply to show what you do" in hint.text
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "chat-rewrite-hint.png"))
     opener = panel.find_element(By.CSS_SELECTOR, "button.rewrite-open")
     opener.click()  # the editor open: the line has done its work
     wait(browser, lambda d: not hint.is_displayed())
