@@ -69,7 +69,7 @@ class RatingPanel {
                                        onclick: () => this.openRewrite()}, "Rewrite");
     this.rewriteMark = el("span", {class: "rewrite-mark", hidden: true}, "✎ rewritten");
     this.rewriteStateText = el("span", {class: "rewrite-state-text"});
-    this.rewriteHint = el("p", {class: "rewrite-hint", hidden: true},
+    this.rewriteHint = el("p", {class: "rewrite-hint muted", hidden: true},
       "A low score says what you don't want. Rewrite the reply to show what you do: " +
       "a rewrite teaches it more than any score.");
     this.removeRewriteButton = el("button", {type: "button", class: "link rewrite-remove",
