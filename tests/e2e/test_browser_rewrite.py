@@ -148,6 +148,7 @@ def test_an_empty_rewrite_shows_the_api_error_and_stores_nothing(browser, live, 
 def test_a_low_score_asks_for_a_rewrite_until_one_is_saved(browser, live, store):
     from selenium.webdriver.common.by import By
 
+    browser.get_log("browser")  # the shared browser's log: drop what earlier tests left
     conv = store.create_conversation().id
     tid = store.append_turn(conv, "explain", "a reply").id
     browser.get(f"{live.url}/?conversation={conv}")
