@@ -215,6 +215,11 @@ class TrainingConfig:
                         "replies' tokens; once = each in the rounds until an adapter that "
                         "imitated it is promoted",
         choices=("once", "until-likely"))
+    imitate_rated: int = setting(0, "replies you rated this score or higher are imitated as "
+                                    "your rewrites are (the same weight, rewrite_imitation, "
+                                    "and rule): a 5 shows what you want as a rewrite does; "
+                                    "0 = off (docs/training.md, \"Imitating your best-rated "
+                                    "replies\")", min=0, max=5)
     winrate_prompts: int = setting(16, "after each round, the new adapter and the base answer "
                                        "this many of your newest prompts and the rating model "
                                        "judges them (the win rate vs base); 0 = off",

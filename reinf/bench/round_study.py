@@ -182,7 +182,8 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                 metrics = outcome.metrics or {}
                 if bench_keys.get("baseline"):
                     figures["mode"] = bench_keys["baseline"]
-                for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations"):
+                for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations",
+                            "rated_imitated", "imitation_active"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
                 if path is not None:

@@ -38,9 +38,10 @@ sampled token (as GRPO does): the penalty in the return only tells a whole reply
 strayed; this term pulls every token back towards the base, low-variance. The gap to the
 base is capped at 20 nats like the ratio, so padding (masked out) cannot make it inf.
 
-Demonstrations (the person's rewrites, reinf.training.rewrites) are episodes like the
-others; for those ``Rollout.demos`` flags (every rewrite, or under the ``once`` rule only
-those new to the adapter the round starts from) the loss also adds, with weight
+Demonstrations (the person's rewrites, reinf.training.rewrites, and with
+``training.imitate_rated`` their best-rated replies) are episodes like the others; for
+those ``Rollout.demos`` flags (every one, or under the ``once`` rule only those new to the
+adapter the round starts from) the loss also adds, with weight
 ``imitation_coef``, their negative log-likelihood per token (``imitation_loss``), unclipped;
 with ``imitation_until_likely`` only on the tokens less likely than the policy's own replies'
 (``imitation_target``, from ``own_nll``; ``imitation_active``: the share pushed). The clipped
@@ -105,6 +106,7 @@ class Rollout:
     weights: Tensor         # (B,) sample weights from the reward mapper
     groups: Tensor | None = None  # (B,) long: episodes with one id are replies to one prompt
     demos: Tensor | None = None   # (B,) 1.0 for a demonstration the imitation term reads, else 0
+    written: Tensor | None = None  # (B,) 1.0 for a demonstration the policy did not sample
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -121,7 +123,8 @@ class Rollout:
                        self.mask[idx, :n_reply], self.logp_behaviour[idx, :n_reply],
                        self.temperature[idx], self.rewards[idx], self.weights[idx],
                        None if self.groups is None else self.groups[idx],
-                       None if self.demos is None else self.demos[idx])
+                       None if self.demos is None else self.demos[idx],
+                       None if self.written is None else self.written[idx])
 
 
 def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
@@ -129,7 +132,8 @@ def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
                   demos: Sequence[bool] | None = None) -> Rollout:
     """``episodes``: (prompt_ids, reply_ids, logprobs, temperature, reward, weight) each;
     ``groups``: one id per episode, shared by the k replies to one prompt (for RLOO);
-    ``demos``: True for an episode that is a demonstration (the imitation term reads it).
+    ``demos``: True for an episode that is a demonstration (the imitation term reads it): a
+    rewrite (``logprobs`` None: ``written``, not sampled by the policy) or a well-rated reply.
     ``logprobs`` None: sampled by the adapter the round starts from (a fresh rollout), or a
     demonstration; its behaviour log-probs are NaN here and ``train_policy`` takes the
     round-start pass's."""
@@ -160,10 +164,13 @@ def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
         raise ValueError(f"demos has {len(demos)} flags for {len(episodes)} episodes")
     b_demos = None if demos is None or not any(demos) else \
         torch.tensor([float(bool(d)) for d in demos])
+    b_written = None if b_demos is None else \
+        torch.tensor([float(bool(d) and e[2] is None) for d, e in zip(demos, episodes)])
     return Rollout(*(t.to(device) for t in (input_ids, attention, positions, actions, mask, logp,
                                             temps, rewards, weights)),
                    groups=None if b_groups is None else b_groups.to(device),
-                   demos=None if b_demos is None else b_demos.to(device))
+                   demos=None if b_demos is None else b_demos.to(device),
+                   written=None if b_written is None else b_written.to(device))
 
 
 # --- the policy: LoRA model + value head --------------------------------------------------
@@ -302,10 +309,11 @@ def compute_rloo(rewards: Tensor, logp: Tensor, logp_ref: Tensor, mask: Tensor, 
 
 
 def own_nll(b: "Rollout", logp: Tensor) -> float | None:
-    """The policy's negative log-likelihood per token of the batch's episodes that are not
-    demonstrations (its own replies, sampled: about its entropy), None when there are none.
-    A demonstration as likely as this reads to the policy like a reply of its own."""
-    own = b.mask if b.demos is None else b.mask * (1 - b.demos)[:, None]
+    """The policy's negative log-likelihood per token of the batch's episodes that it
+    sampled (its own replies, rated or not: about its entropy), None when there are none. A
+    demonstration as likely as this reads to the policy like a reply of its own."""
+    written = b.written if b.written is not None else b.demos
+    own = b.mask if written is None else b.mask * (1 - written)[:, None]
     if not bool(own.any()):
         return None
     return float(weighted_mean(-logp, own, b.weights))

@@ -132,6 +132,27 @@ def imitated_before(store, checkpoint_id: str | None) -> datetime | None:
         return None
 
 
+def best_rated_episodes(threshold: int, episodes: list[tuple], samples: list[Sample], *,
+                        imitated_before: datetime | None) -> list[tuple]:
+    """The rated replies the imitation term reads beside the rewrites
+    (``training.imitate_rated``): the episodes whose sample (``samples[i]`` is
+    ``episodes[i]``'s) the person scored ``threshold`` or higher, none when it is 0. Under
+    the ``once`` rule (``imitated_before`` set), only those rated since the round that made
+    the adapter began, as for rewrites.
+
+    Why: a 5 on a reply the model seldom writes (a list, from a model that writes one in one
+    reply of fourteen) is the person's strongest signal, and the clipped PPO update raises
+    that reply's tokens by at most the clip range a round (+20% for a style it samples at
+    7%); imitated, a token the model found unlikely is pushed until it is as likely as the
+    model's own tokens (until likely), as a rewrite's is. Sampled replies are the model's own
+    text, so of a well-rated reply only its unlikely choices are pushed."""
+    if threshold <= 0:
+        return []
+    return [e for e, s in zip(episodes, samples, strict=True)
+            if s.score >= threshold and (imitated_before is None
+                                         or s.rated_at >= imitated_before)]
+
+
 def rewrite_pairs(rewrites: Rewrites, first_row: int,
                   rows: list[tuple[list[int], list[int]]]) -> list[tuple[int, int, float]]:
     """The rating model's pairs "rewrite over the turn's reply". ``rows``: the (prompt ids,

@@ -286,9 +286,11 @@ def unreadable(session: Session, prompt_ids, reply_ids) -> str | None:
     return None
 
 
-def select_episodes(session: Session, kept) -> tuple[list[tuple], dict[str, int]]:
+def select_episodes(session: Session, kept, used: list | None = None
+                    ) -> tuple[list[tuple], dict[str, int]]:
     """(prompt_ids, reply_ids, logprobs, temperature, reward, weight) per usable sample,
-    and how many were skipped for which reason."""
+    and how many were skipped for which reason; ``used``, when given, gets each episode's
+    sample, in the same order."""
     skipped = {"logprobs_mismatch": 0, "too_long": 0, "no_prompt": 0, "bad_tokens": 0,
                "bad_temperature": 0}
     episodes = []
@@ -302,4 +304,6 @@ def select_episodes(session: Session, kept) -> tuple[list[tuple], dict[str, int]
         else:
             episodes.append((sample.prompt_ids, sample.reply_ids, sample.logprobs,
                              sample.temperature, row.reward, row.weight))
+            if used is not None:
+                used.append(sample)
     return episodes, {k: v for k, v in skipped.items() if v}

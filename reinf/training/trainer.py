@@ -22,7 +22,8 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    rating model and the person's reward mapper, and keeps the person's rated replies to the
    same prompts, with their real score, in the batch; in either mode the person's rewrites
    join the batch as demonstrations, rewarded as a 5, and are also imitated
-   (``training.rewrite_imitation_rule``: until likely, or once; ``reinf.training.rewrites``);
+   (``training.rewrite_imitation_rule``: until likely, or once; ``reinf.training.rewrites``),
+   and with ``training.imitate_rated`` so are the rated replies scored that high;
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
    (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
    replies) or the value head with GAE; in rollout mode, stages 3 and 4 run
@@ -65,7 +66,8 @@ from reinf.training import checkpoints
 from reinf.training.outcome import NothingToTrain
 from reinf.training.pairs import pairs_waiting
 from reinf.training.plan import collect_rollouts, plan_round
-from reinf.training.rewrites import demonstrations, imitated_before, read_rewrites
+from reinf.training.rewrites import (best_rated_episodes, demonstrations, imitated_before,
+                                     read_rewrites)
 from reinf.training.promotion import (gate, measure_fluency, measure_vs_base, promote,
                                       reject_forgotten)
 
@@ -155,18 +157,24 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # behind its parent; it continues from that parent (reinf.training.leaderboard.choose_start).
     start, passed_over = choose_start(store)
     session = build_session(config, store if not passed_over else StartFrom(store, start))
-    episodes, skipped = select_episodes(session, kept)
+    used: list = []
+    episodes, skipped = select_episodes(session, kept, used)
     # The person's rewrites: ratings of 5 and picks for the rating model, demonstrations for
     # PPO (reinf.training.rewrites; a broken hook stops the round here too).
     rewrites = read_rewrites(store, session, limit=config.training.rating_model_max,
                              until=read_at)
     until_likely = config.training.rewrite_imitation_rule == "until-likely"
-    demos = demonstrations(config, rewrites, now=now, imitated_before=None if until_likely
-                           else imitated_before(store, session.parent_id))
+    before = None if until_likely else imitated_before(store, session.parent_id)
+    demos = demonstrations(config, rewrites, now=now, imitated_before=before)
     shown = demos.episodes
     # the rewrites the imitation term reads, by identity in the batch (new since the adapter,
-    # or every one while it is less likely than the model's own replies: until-likely)
+    # or every one while it is less likely than the model's own replies: until-likely), and
+    # with training.imitate_rated the rated replies scored that high, by the same rule
     imitate_ids = {id(e) for e in demos.imitated}
+    best_rated = best_rated_episodes(config.training.imitate_rated, episodes, used,
+                                     imitated_before=before)
+    best_ids = {id(e) for e in best_rated}
+    imitate_ids |= best_ids
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
                             f"({_describe(skipped, len(samples) - len(kept))})",
@@ -234,7 +242,9 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                    reward_stats_std=session.reward_stats.std,
                    skipped=sum(skipped.values()), skipped_reasons=skipped,
                    dropped=len(samples) - len(kept), parent_id=session.parent_id,
-                   rewrites=len(shown), rewrites_imitated=len(imitate_ids),
+                   rewrites=len(shown), rewrites_imitated=len(demos.imitated),
+                   # in rollout mode only those rated replies to the rollouts' prompts
+                   rated_imitated=sum(id(e) in best_ids for e in episodes),
                    rewrites_skipped=rewrites.skipped,
                    device=str(device), warnings=session.warnings)
     # 5. The promotion gate: NaN, KL to the base, fluency on well-rated replies.

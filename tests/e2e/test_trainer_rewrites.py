@@ -87,6 +87,39 @@ def test_imitation_raises_the_rewrites_further_than_the_clipped_objective(tmp_pa
     assert moved[1.0] > moved[0.0] + 0.03, moved
 
 
+@pytest.mark.parametrize("rule", ["until-likely", "once"])
+def test_imitating_the_best_rated_replies_raises_a_rare_good_reply_further(tmp_path, model_dir,
+                                                                          rule):
+    """training.imitate_rated 5: the replies rated 5 are imitated as rewrites are, beside the
+    clipped objective, which raises a reply by at most the clip range a round. The same
+    stream (the model's own likely replies rated 1, and 3 replies that start with a token it
+    finds less likely, rated 5) trained with it off and on: on, it reads exactly the 5s and
+    moves the model further toward them."""
+    from reinf.storage.store import Store
+
+    base = tk.load_policy(model_dir)
+    good0 = tk.first_token_logp(base, tk.GOOD)
+    moved, metrics = {}, {}
+    for threshold in (0, 5):
+        config = tk.train_config(tmp_path / f"{rule}-{threshold}", model_dir,
+                                 training_imitate_rated=threshold,
+                                 training_rewrite_imitation_rule=rule)
+        store = Store.open(config)
+        likely_turns(store, base, 13, seed=5)
+        likely_turns(store, base, 3, seed=6, first=tk.GOOD, score=5)
+        result = train_round(config, store)
+        assert result.status == "succeeded", result.message
+        metrics[threshold] = result.metrics
+        moved[threshold] = tk.first_token_logp(
+            tk.load_policy(model_dir, store.active_checkpoint().path), tk.GOOD) - good0
+        store.close()
+    assert metrics[0]["rated_imitated"] == 0 and metrics[0]["imitation_loss"] is None
+    assert metrics[5]["rated_imitated"] == 3 and metrics[5]["imitation_loss"] > 0
+    assert metrics[5]["rewrites_imitated"] == 0
+    assert moved[0] > 0, moved                      # the clipped objective alone moves a little
+    assert moved[5] > 1.2 * moved[0], moved         # imitation moves it further
+
+
 def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home, model_dir,
                                                                              wanted):
     """training.rewrite_imitation_rule once: the unclipped imitation term reads a rewrite in
@@ -123,9 +156,11 @@ def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home,
     store.close()
 
 
-def likely_turns(store, model, n: int, *, seed: int) -> list[tuple[int, list[int]]]:
+def likely_turns(store, model, n: int, *, seed: int, first: int | None = None,
+                 score: int = 1) -> list[tuple[int, list[int]]]:
     """``n`` turns whose replies are the model's own greedy continuations (as likely, per
-    token, as any reply it writes), each rated 1: (turn id, prompt ids) each."""
+    token, as any reply it writes), each rated ``score``: (turn id, prompt ids) each. With
+    ``first``, each reply starts with that token and goes on greedily from it."""
     import random
 
     rng = random.Random(seed)
@@ -133,14 +168,15 @@ def likely_turns(store, model, n: int, *, seed: int) -> list[tuple[int, list[int
     turn_ids = []
     for i in range(n):
         prompt = tk.make_prompt(rng)
+        start = prompt + ([] if first is None else [first])
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False,
-                                 pad_token_id=0)
+            out = model.generate(torch.tensor([start]), max_new_tokens=4 - (first is not None),
+                                 do_sample=False, pad_token_id=0)
         reply = out[0, len(prompt):].tolist()
         turn = store.append_turn(conv.id, f"prompt {seed}-{i}", "greedy", prompt_ids=prompt,
                                  reply_ids=reply, logprobs=tk.reply_logprobs(model, prompt, reply),
                                  gen_params={"temperature": tk.TEMPERATURE})
-        store.rate(turn.id, 1)
+        store.rate(turn.id, score)
         turn_ids.append((turn.id, prompt))
     return turn_ids
 
@@ -217,6 +253,30 @@ def test_the_rating_model_reads_rewrites_as_fives_and_picks(home, model_dir, wan
     assert m["rating_model_consistency"] is not None
     assert m["rewrites"] == 3 and m["rated_in_batch"] >= 1
     assert "3 rewrites" in m["mode_reason"]
+
+
+def test_in_a_rollout_round_only_the_5s_among_the_rollout_prompts_are_imitated(home,
+                                                                                model_dir):
+    """training.imitate_rated in rollout mode: the batch holds the rated replies to the
+    round's rollout prompts (newest first), so only the 5s among those are imitated."""
+    from reinf.storage.store import Store
+
+    config = tk.train_config(home, model_dir, training_method="rollouts",
+                             training_min_consistency=-1.0, training_min_ratings=8,
+                             training_rollout_prompts=3, training_rollouts_per_prompt=2,
+                             training_rollout_max_new_tokens=6, training_winrate_prompts=0,
+                             ppo_epochs=1, training_imitate_rated=5)
+    store = Store.open(config)
+    turns = tk.add_rated_turns(store, tk.load_policy(model_dir), 12, seed=11, good_fraction=0.8)
+    fives = sum(store.get_turn(t).reply == "GOOD" for t in turns)
+    assert 3 < fives < 12, fives  # a contrast for the rating model, and more 5s than prompts
+    result = train_round(config, store)
+    m = result.metrics
+    assert result.status == "succeeded", result.message
+    assert m["mode"] == "rollouts" and m["rated_in_batch"] == 3
+    assert 1 <= m["rated_imitated"] <= 3 < fives   # the 5s among the batch's rated replies
+    assert m["imitation_loss"] > 0
+    store.close()
 
 
 def test_the_reward_mapper_sees_a_rewrite_and_rewards_it(home, model_dir, wanted):

@@ -389,3 +389,20 @@ def test_the_target_is_the_policys_own_replies_nll_per_token():
     assert own_nll(b, logp) == pytest.approx((1 + 2 + 4) / 3)  # the demonstration left out
     only = build_rollout([([1], [6, 7], None, 1.0, 1.0, 1.0)], demos=[True])
     assert own_nll(only, torch.zeros(1, 2)) is None
+
+
+def test_a_well_rated_reply_imitated_still_counts_as_the_policys_own():
+    """training.imitate_rated: a rated reply the imitation term reads was sampled by the
+    policy (it has behaviour log-probs), so it stays in the target; a rewrite does not."""
+    from reinf.training.ppo import own_nll
+
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0),   # rated 5: imitated
+                       ([1], [4], [-1.0], 1.0, 0.0, 1.0),            # rated 1
+                       ([1], [6, 7], None, 1.0, 1.0, 1.0)],          # a rewrite
+                      demos=[True, False, True])
+    assert b.written.tolist() == [0.0, 0.0, 1.0]
+    assert b.select(torch.tensor([2, 0])).written.tolist() == [1.0, 0.0]
+    logp = torch.tensor([[-1.0, -2.0], [-4.0, -100.0], [-9.0, -9.0]])
+    assert own_nll(b, logp) == pytest.approx((1 + 2 + 4) / 3)
+    rated_only = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0)], demos=[True])
+    assert own_nll(rated_only, torch.tensor([[-1.0, -3.0]])) == pytest.approx(2.0)

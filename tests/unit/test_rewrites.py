@@ -7,7 +7,8 @@ import pytest
 
 from reinf.errors import BadInput, NotFound
 from reinf.storage.store import MAX_REWRITE_CHARS, Store
-from reinf.training.rewrites import Rewrites, imitated_before, rewrite_pairs
+from reinf.training.rewrites import (Rewrites, best_rated_episodes, imitated_before,
+                                     rewrite_pairs)
 from webui_fakes import app, build_daemon, client, daemon, fake_chat  # noqa: F401 - fixtures
 
 
@@ -95,6 +96,28 @@ def test_a_rewrite_is_new_to_an_adapter_whose_round_began_before_it(db):
     assert imitated_before(db, "c1") == db.get_run(run.id).started_at
     assert imitated_before(db, None) is None
     assert imitated_before(db, "c0") is None and imitated_before(db, "c2") is None
+
+
+def test_best_rated_episodes_are_the_ones_scored_at_the_threshold_or_above():
+    """training.imitate_rated: which rated replies the imitation term reads beside the
+    rewrites; under the once rule only those rated since the adapter's round began."""
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    samples = [SimpleNamespace(score=score, rated_at=t0 + timedelta(minutes=i))
+               for i, score in enumerate([5, 4, 1, 5, 3])]
+    episodes = [(f"episode {i}",) for i in range(5)]
+    assert best_rated_episodes(0, episodes, samples, imitated_before=None) == []
+    assert best_rated_episodes(5, episodes, samples, imitated_before=None) == [
+        episodes[0], episodes[3]]
+    assert best_rated_episodes(4, episodes, samples, imitated_before=None) == [
+        episodes[0], episodes[1], episodes[3]]
+    # once: the adapter's round began at minute 2, so the first 5 is in it already
+    assert best_rated_episodes(5, episodes, samples,
+                               imitated_before=t0 + timedelta(minutes=2)) == [episodes[3]]
+    with pytest.raises(ValueError):  # one sample per episode, or it is a bug
+        best_rated_episodes(5, episodes, samples[:4], imitated_before=None)
 
 
 def test_rewrite_pairs_reuse_a_rated_row_and_add_the_others():
