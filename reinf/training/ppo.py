@@ -312,8 +312,7 @@ def own_nll(b: "Rollout", logp: Tensor) -> float | None:
     """The policy's negative log-likelihood per token of the batch's episodes that it
     sampled (its own replies, rated or not: about its entropy), None when there are none. A
     demonstration as likely as this reads to the policy like a reply of its own."""
-    written = b.written if b.written is not None else b.demos
-    own = b.mask if written is None else b.mask * (1 - written)[:, None]
+    own = b.mask if b.written is None else b.mask * (1 - b.written)[:, None]
     if not bool(own.any()):
         return None
     return float(weighted_mean(-logp, own, b.weights))

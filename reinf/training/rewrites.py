@@ -144,8 +144,8 @@ def best_rated_episodes(threshold: int, episodes: list[tuple], samples: list[Sam
     reply of fourteen) is the person's strongest signal, and the clipped PPO update raises
     that reply's tokens by at most the clip range a round (+20% for a style it samples at
     7%); imitated, a token the model found unlikely is pushed until it is as likely as the
-    model's own tokens (until likely), as a rewrite's is. Sampled replies are the model's own
-    text, so of a well-rated reply only its unlikely choices are pushed."""
+    model's own tokens (until likely), as a rewrite's is. Off by default: on SmolLM2 one round
+    on the two tuning raters moved less the rater's way with it (docs/benchmarks.md)."""
     if threshold <= 0:
         return []
     return [e for e, s in zip(episodes, samples, strict=True)
