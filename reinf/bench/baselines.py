@@ -48,6 +48,8 @@ PPO's promotion gate.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import math
 import os
@@ -260,6 +262,21 @@ def kto_settings(config, learning_rate: float = KTO_LEARNING_RATE) -> dict[str, 
             "class_weights": "balanced to 1:1 (kto_weights)"}
 
 
+def kto_dataset(rows):
+    """The KTO rows as a `datasets.Dataset`, named by a hash of their text.
+
+    `Dataset.from_list` names a new table by pickling it with dill, and with pyarrow 24 or
+    25 under datasets 5.2 that pickling fails ("Can't pickle <class 'MonthDayNano'>"): every
+    KTO round of a GPU lease died so on 2026-11-28. A name given here skips that pickling.
+    """
+    import pyarrow
+    from datasets import Dataset
+
+    text = json.dumps(rows, sort_keys=True, ensure_ascii=False).encode()
+    return Dataset(pyarrow.Table.from_pylist(rows),
+                   fingerprint=hashlib.sha256(text).hexdigest()[:16])
+
+
 def train_kto(model, loaded, kept, config, seed: int, work: Path, *,
               learning_rate: float = KTO_LEARNING_RATE) -> dict[str, Any]:
     check_trl()
@@ -267,7 +284,6 @@ def train_kto(model, loaded, kept, config, seed: int, work: Path, *,
     # them), and TRL's trainer stack loads only for a KTO round.
     import datasets
     import transformers
-    from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import KTOConfig, KTOTrainer
 
@@ -298,7 +314,7 @@ def train_kto(model, loaded, kept, config, seed: int, work: Path, *,
                 bf16=False, gradient_checkpointing=False, seed=seed, data_seed=seed,
                 disable_tqdm=True, dataloader_num_workers=0, max_length=None)
             trainer = KTOTrainer(model=model, ref_model=ref, args=args,
-                                 train_dataset=Dataset.from_list(rows),
+                                 train_dataset=kto_dataset(rows),
                                  processing_class=loaded.tokenizer)
             for callback in (PrinterCallback, ProgressCallback):
                 trainer.remove_callback(callback)

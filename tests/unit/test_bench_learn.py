@@ -472,3 +472,21 @@ def test_merge_refuses_a_seed_twice_and_what_is_not_a_learn_report():
             merge_reports([("a.json", a), ("x.json", bad)])
     with pytest.raises(BadInput, match="at least one report"):
         merge_reports([])
+
+
+def test_kto_rows_become_a_dataset_without_pickling_the_table(monkeypatch):
+    # datasets names a table built by from_list by pickling it, which fails under pyarrow 24
+    # and 25 (every KTO round of a GPU lease died so): kto_dataset must not take that path.
+    datasets = pytest.importorskip("datasets")
+    from reinf.bench.baselines import kto_dataset
+
+    def pickled(*args, **kwargs):
+        raise AssertionError("the table was fingerprinted by pickling")
+
+    monkeypatch.setattr(datasets.arrow_dataset, "generate_fingerprint", pickled)
+    rows = [{"prompt": "<p>2+2?", "completion": "4", "label": True},
+            {"prompt": "<p>hi", "completion": "no", "label": False}]
+    data = kto_dataset(rows)
+    assert data.to_list() == rows
+    assert data._fingerprint == kto_dataset([dict(r) for r in rows])._fingerprint
+    assert data._fingerprint != kto_dataset(rows[:1])._fingerprint
