@@ -210,10 +210,10 @@ class TrainingConfig:
                                             "\"Rewrites\"); 0 = PPO's clipped objective alone",
                                        min=0.0, max=100.0)
     rewrite_imitation_rule: str = setting(
-        "until-likely", "which rewrites the imitation reads: until-likely = all, in every "
-                        "round, each token while the model finds it less likely than its own "
-                        "replies' tokens; once = each in the rounds until an adapter that "
-                        "imitated it is promoted",
+        "once", "which rewrites the imitation reads: once = each in the rounds until an "
+                "adapter that imitated it is promoted; until-likely = all, in every round, "
+                "each token while the model finds it less likely than its own replies' "
+                "tokens",
         choices=("once", "until-likely"))
     imitate_rated: int = setting(0, "replies you rated this score or higher are imitated as "
                                     "your rewrites are (the same weight, rewrite_imitation, "

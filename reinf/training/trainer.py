@@ -22,7 +22,7 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    rating model and the person's reward mapper, and keeps the person's rated replies to the
    same prompts, with their real score, in the batch; in either mode the person's rewrites
    join the batch as demonstrations, rewarded as a 5, and are also imitated
-   (``training.rewrite_imitation_rule``: until likely, or once; ``reinf.training.rewrites``),
+   (``training.rewrite_imitation_rule``: once, or until likely; ``reinf.training.rewrites``),
    and with ``training.imitate_rated`` so are the rated replies scored that high;
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
    (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
