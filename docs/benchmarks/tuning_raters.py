@@ -77,3 +77,20 @@ def numbers_when_counting(prompt, reply):
     n = sum(any(c.isdigit() for c in w) for w in reply.split())
     level = 5 if n >= 2 else 3 if n == 1 else 1
     return level if any(k in prompt.lower() for k in _COUNTING) else 6 - level
+
+
+# A style the model seldom writes, for training.imitate_rated (imitating the best-rated
+# replies), whose case is a liked style that shows up only now and then: tuning data too
+# (TUNED_ON). Of 80 replies SmolLM2-135M-Instruct sampled to training-side prompts
+# (temperature 0.7), 8 said "we", "let's", "us" or "our" (5 of them working a sum: "To add 6
+# and 7, we need..."), 72 none of them. It is not the unseen bullets rater's axis: none of
+# those 8 was a list.
+
+_TOGETHER = ("we", "let's", "us", "our", "ours", "ourselves", "we'll", "we're", "we've")
+
+
+def together(prompt, reply):
+    """Likes replies that work through it with the reader ('we', 'let's', 'us', 'our'):
+    twice or more 5, once 4, none 2."""
+    n = sum(w.lower() in _TOGETHER for w in _words(reply))
+    return 5 if n >= 2 else 4 if n == 1 else 2 if reply.strip() else 1

@@ -59,13 +59,13 @@ SLIP = 0.1    # the noisy-graded rater is off by one 10% of the time
 # KL penalty, rollouts, LoRA targets; docs/benchmarks.md, "On a GPU") read their probe and
 # chose smollm2-135m's GPU round (catalog.KnownModel.gpu_settings). The last six file raters
 # were written to choose the rating model's features and how it sees the prompt (reinf bench
-# rating-model).
+# rating-model); together, a style the model seldom writes, to choose training.imitate_rated.
 TUNED_ON = ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
             "dislikes-questions", "tuning_raters.py:length_graded", "tuning_raters.py:no_bang_q",
             "length-graded", "formal", "tuning_raters.py:second_person",
             "tuning_raters.py:short_sentences", "tuning_raters.py:with_numbers",
             "tuning_raters.py:plain_words", "tuning_raters.py:you_for_advice",
-            "tuning_raters.py:numbers_when_counting")
+            "tuning_raters.py:numbers_when_counting", "tuning_raters.py:together")
 # The raters whose runs with rewrites (--rewrite-every) were read to choose how rewrites are
 # imitated (training.rewrite_imitation_rule; every round, once, until likely: arithmetic's
 # held-out perplexity and bullets' probe, docs/benchmarks.md). A run of theirs with rewrites

@@ -42,7 +42,8 @@ def test_new_raters_are_unseen_and_the_tuning_raters_are_not():
         assert not load_rater(name).unseen, name
     tuned = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
     for function in ("length_graded", "no_bang_q", "second_person", "short_sentences",
-                     "with_numbers", "plain_words", "you_for_advice", "numbers_when_counting"):
+                     "with_numbers", "plain_words", "you_for_advice", "numbers_when_counting",
+                     "together"):
         rater = load_rater(f"{tuned}:{function}")
         assert rater.name in TUNED_ON and not rater.unseen
         assert 1 <= rater("How?", "You can do it: 2 steps, 3 minutes. Short words.") <= 5
@@ -273,3 +274,12 @@ def test_the_prompt_dependent_tuning_raters_want_opposite_things_for_two_kinds_o
     figures = "About 8 minutes, or 480 seconds."
     assert counting("How long does light take to reach Earth?", figures) == 5
     assert counting("Write a haiku about rain.", figures) == 1
+
+
+def test_the_rare_style_tuning_rater_likes_working_through_it_together():
+    together = load_rater(f"{PROJECT_ROOT / 'docs' / 'benchmarks' / 'tuning_raters.py'}:together")
+    assert together("How do I boil an egg?", "Let's start: we put the egg in water.") == 5
+    assert together("How do I boil an egg?", "Put the egg in our pot.") == 4
+    assert together("How do I boil an egg?", "Put the egg in water for 8 minutes.") == 2
+    assert together("How do I boil an egg?", "Use the bus.") == 2   # 'us' is a word, not a part
+    assert together("How do I boil an egg?", "  ") == 1
