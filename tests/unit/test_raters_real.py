@@ -13,6 +13,8 @@ from reinf.bench.text_raters import (TEXT_RATERS, classify_prompt, parse_arithme
                                      rate_length_graded, stated_number)
 from reinf.catalog import PROJECT_ROOT
 
+TUNING_RATERS = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
+
 NEW = tuple(TEXT_RATERS) + ("noisy-graded",)
 
 
@@ -40,11 +42,10 @@ def test_new_raters_are_unseen_and_the_tuning_raters_are_not():
     for name in ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
                  "dislikes-questions", "noisy") + looked_at:
         assert not load_rater(name).unseen, name
-    tuned = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
     for function in ("length_graded", "no_bang_q", "second_person", "short_sentences",
                      "with_numbers", "plain_words", "you_for_advice", "numbers_when_counting",
                      "together"):
-        rater = load_rater(f"{tuned}:{function}")
+        rater = load_rater(f"{TUNING_RATERS}:{function}")
         assert rater.name in TUNED_ON and not rater.unseen
         assert 1 <= rater("How?", "You can do it: 2 steps, 3 minutes. Short words.") <= 5
 
@@ -265,19 +266,18 @@ def test_a_file_raters_preferred_may_take_the_prompt(tmp_path):
 
 
 def test_the_prompt_dependent_tuning_raters_want_opposite_things_for_two_kinds_of_prompt():
-    tuned = PROJECT_ROOT / "docs" / "benchmarks" / "tuning_raters.py"
-    advice = load_rater(f"{tuned}:you_for_advice")
+    advice = load_rater(f"{TUNING_RATERS}:you_for_advice")
     spoken = "You can start small: your first week sets the habit."
     assert advice("How do I start running?", spoken) == 5
     assert advice("Write a haiku about rain.", spoken) == 1
-    counting = load_rater(f"{tuned}:numbers_when_counting")
+    counting = load_rater(f"{TUNING_RATERS}:numbers_when_counting")
     figures = "About 8 minutes, or 480 seconds."
     assert counting("How long does light take to reach Earth?", figures) == 5
     assert counting("Write a haiku about rain.", figures) == 1
 
 
 def test_the_rare_style_tuning_rater_likes_working_through_it_together():
-    together = load_rater(f"{PROJECT_ROOT / 'docs' / 'benchmarks' / 'tuning_raters.py'}:together")
+    together = load_rater(f"{TUNING_RATERS}:together")
     assert together("How do I boil an egg?", "Let's start: we put the egg in water.") == 5
     assert together("How do I boil an egg?", "Put the egg in our pot.") == 4
     assert together("How do I boil an egg?", "Put the egg in water for 8 minutes.") == 2
