@@ -158,6 +158,10 @@ class PPOConfig:
                             min=0.0)
     target_kl: float = setting(0.1, "stop a round early when approx_kl exceeds this; 0 = never",
                                min=0.0)
+    early_stop: str = setting("epoch", "when target_kl is checked: epoch = after each pass "
+                                       "over the batch; step = after every optimizer step, "
+                                       "on the last 4 minibatches, demonstrations left out",
+                              choices=("epoch", "step"))
     advantage: str = setting("rloo", "baseline of every round: rloo = leave-one-out over the "
                                      "replies to one prompt (a rated reply alone with its "
                                      "prompt: over the other rated replies); gae = value "

@@ -53,7 +53,10 @@ likelihood term into PPO).
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
 - ``approx_kl``: k3 estimate ``(r - 1) - log r``, r = new / old: this round's movement;
-  the early stop (``target_kl``) reads it;
+  the early stop (``target_kl``) reads it: under ``early_stop`` "epoch" an epoch's mean,
+  under "step" the mean of the last ``STOP_WINDOW`` minibatches after every optimizer step,
+  over the tokens of the episodes that are not demonstrations (the imitation term is meant
+  to move those far);
 - ``old_approx_kl``: CleanRL's ``-log r`` mean, r = new / old, the same movement;
 - ``clipfrac``: fraction of tokens whose ratio new / *behaviour* (the one PPO clips) lies
   outside 1 ± ppo_clip, so it is above 0 for stale samples even before the first step;
@@ -454,6 +457,12 @@ class RunningMoments:
 # --- the update loop --------------------------------------------------------------------
 
 ADVANTAGES = ("gae", "rloo")
+# When ``target_kl`` is checked: after each epoch, on its mean approx_kl (CleanRL's rule), or
+# after every optimizer step, on the mean approx_kl of the last STOP_WINDOW minibatches over
+# the policy-gradient tokens only (a demonstration is imitated to move far; Spinning Up's
+# PPO checks after every step too).
+EARLY_STOPS = ("epoch", "step")
+STOP_WINDOW = 4
 
 
 @dataclass
@@ -469,7 +478,8 @@ class Hyper:
     kl_loss_coef: float = 0.0               # weight of the KL-to-base term in the loss
     dual_clip: float = 3.0                  # bound c > 1 on stale samples' loss; 0 = off
     max_grad_norm: float = 1.0              # gradient-norm clip; 0 = none
-    target_kl: float = 0.0                  # stop when an epoch's approx_kl exceeds it; 0 = never
+    target_kl: float = 0.0                  # stop when approx_kl exceeds it; 0 = never
+    early_stop: str = "epoch"               # check target_kl after each "epoch" or "step"
     gamma: float = 1.0                      # GAE discount
     lam: float = 0.95                       # GAE lambda
     gradient_checkpointing: bool = False    # recompute activations in the backward pass
@@ -481,6 +491,9 @@ class Hyper:
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(ADVANTAGES)}")
+        if self.early_stop not in EARLY_STOPS:
+            raise ValueError(f"early_stop {self.early_stop!r} is not one of "
+                             f"{', '.join(EARLY_STOPS)}")
         check_dual_clip(self.dual_clip)
 
     @classmethod
@@ -585,6 +598,10 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
         stats = {
             "policy_loss": pg.detach(), "value_loss": vf.detach(), "entropy": ent.detach(),
             "approx_kl": weighted_mean(approx_kl(old_logratio), mb.mask, mb.weights),
+            # the same over the episodes PPO alone moves (the step rule of the early stop)
+            "approx_kl_policy": weighted_mean(
+                approx_kl(old_logratio), mb.mask,
+                mb.weights if mb.demos is None else mb.weights * (1 - mb.demos)),
             "old_approx_kl": weighted_mean(-old_logratio, mb.mask, mb.weights),
             # against the behaviour policy, like the ratio that policy_loss clips
             "clipfrac": weighted_mean(((logratio.exp() - 1).abs() > hp.ppo_clip).float(),
@@ -637,6 +654,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     step_groups = [range(s, min(s + acc, n_mb)) for s in range(0, n_mb, acc)]
     log: dict[str, list[float]] = {k: [] for k in (*DIAGNOSTICS, "grad_norm")}
     steps, epochs_run, early_stopped, nan = 0, 0, False, False
+    recent: list[float] = []  # the step rule: approx_kl_policy of the latest minibatches
     nan_reason = None
     try:
         with update_mode(policy.model, hp.gradient_checkpointing):
@@ -661,6 +679,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                             if name in stats:
                                 log.setdefault(name, []).append(float(stats[name]))
                         epoch_kl.append(float(stats["approx_kl"]))
+                        recent = [*recent, float(stats["approx_kl_policy"])][-STOP_WINDOW:]
                         if progress:
                             progress({"stage": "update", "epoch": epoch + 1,
                                       "epochs": hp.ppo_epochs, "done": epoch * n_mb + j + 1,
@@ -673,7 +692,14 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                     log["grad_norm"].append(float(grad_norm))
                     optimizer.step()
                     steps += 1
-                if hp.target_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > hp.target_kl:
+                    if hp.early_stop == "step" and hp.target_kl \
+                            and sum(recent) / len(recent) > hp.target_kl:
+                        early_stopped = True
+                        break
+                if early_stopped:
+                    break
+                if hp.early_stop == "epoch" and hp.target_kl and epoch_kl \
+                        and sum(epoch_kl) / len(epoch_kl) > hp.target_kl:
                     early_stopped = True
                     break
     except NonFiniteLoss as error:
@@ -701,7 +727,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         "entropy": mean["entropy"], "samples": len(b), "tokens": int(b.mask.sum()),
         "kl_coef": kl_coef_used, "kl_coef_next": kl_ctl.coef, "grad_norm": mean["grad_norm"],
         "epochs_run": epochs_run, "steps": steps, "early_stopped": early_stopped,
-        "early_stop_epoch": epochs_run if early_stopped else None, "nan": nan,
+        "early_stop_epoch": epochs_run if early_stopped else None,
+        "early_stop_step": steps if early_stopped else None, "nan": nan,
         "nan_reason": nan_reason,
         # the demonstrations' mean negative log-likelihood per token (None: no imitation)
         "imitation_loss": mean.get("imitation_loss"),

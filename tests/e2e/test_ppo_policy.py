@@ -319,6 +319,45 @@ def test_early_stop_when_approx_kl_exceeds_target(model_dir):
     assert not full["early_stopped"] and full["epochs_run"] == 4 and full["steps"] == 8
 
 
+def test_the_step_rule_stops_within_the_first_epoch(model_dir):
+    # Eight replies, one a minibatch: the first is scored on-policy (approx_kl 0), so the
+    # step rule stops after the second step, where the epoch rule finishes the epoch.
+    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0)] * 8
+    stops = {}
+    for rule in ("epoch", "step"):
+        policy = build_policy(model_dir)
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+        stops[rule] = train_policy(policy, opt, build_rollout(eps), KLController(0.05, 0.05),
+                                   Hyper(batch_size=1, ppo_epochs=3, target_kl=1e-9,
+                                         early_stop=rule))
+    assert stops["epoch"]["early_stopped"] and stops["epoch"]["steps"] == 8
+    assert stops["step"]["early_stopped"] and stops["step"]["steps"] == 2
+    assert stops["step"]["epochs_run"] == 1 and stops["step"]["early_stop_step"] == 2
+    assert stops["step"]["approx_kl"] < stops["epoch"]["approx_kl"]
+
+
+def test_the_step_rule_leaves_demonstrations_out(model_dir):
+    # Every reply is a demonstration the imitation term moves: the epoch rule, which counts
+    # their tokens, stops after one epoch; the step rule sees no policy-gradient token moved.
+    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0)] * 4
+    runs = {}
+    for rule in ("epoch", "step"):
+        policy = build_policy(model_dir)
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+        runs[rule] = train_policy(policy, opt, build_rollout(eps, demos=[True] * 4),
+                                  KLController(0.05, 0.05),
+                                  Hyper(batch_size=1, ppo_epochs=3, target_kl=1e-9,
+                                        early_stop=rule, imitation_coef=1.0))
+    assert runs["epoch"]["early_stopped"] and runs["epoch"]["steps"] == 4
+    assert runs["epoch"]["approx_kl"] > 1e-9
+    assert not runs["step"]["early_stopped"] and runs["step"]["steps"] == 12
+
+
+def test_an_unknown_early_stop_rule_is_refused():
+    with pytest.raises(ValueError, match="early_stop 'batch' is not one of epoch, step"):
+        Hyper(early_stop="batch")
+
+
 def test_unusable_samples_are_skipped_and_counted(model_dir):
     from datetime import datetime, timezone
     from types import SimpleNamespace
