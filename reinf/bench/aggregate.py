@@ -30,6 +30,10 @@ GOAL_PPL_PREFERRED = 0.05                     # perplexity on preferred-style re
 GOAL_SPEARMAN, GOAL_SPEARMAN_AFTER = 0.8, 48  # rating model's cross-validated Spearman
 POINT_KEYS = ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
               "perplexity_preferred", "rating_model_consistency")
+# A fall of the probe mean between two points of a run's curve (one round apart) at least
+# this large counts in ``probe_falls``: more than a 32-prompt probe's own noise between
+# rounds that barely move the policy (a spread of about 0.19 on the real model).
+PROBE_FALL = 0.25
 
 
 def lr_text(lr: float) -> str:
@@ -136,6 +140,13 @@ def value_at(curve: list[dict], n: int, key: str):
     return before[-1].get(key) if before else None
 
 
+def probe_falls(curve: list[dict], fall: float = PROBE_FALL) -> int:
+    """How many times a run's probe mean fell by ``fall`` or more from one point of its
+    curve to the next: a person would have seen the assistant get worse after a round."""
+    means = [p["probe_mean_rating"] for p in curve if p.get("probe_mean_rating") is not None]
+    return sum(after <= before - fall for before, after in zip(means, means[1:]))
+
+
 def ratio(new: float | None, old: float | None) -> float | None:
     return None if new is None or not old else new / old - 1
 
@@ -168,6 +179,7 @@ def summarize_method(runs: list[dict], plan: LearnPlan, base: dict) -> dict:
             r["final"]["perplexity_preferred"], base.get("perplexity_preferred"))),
         "rating_model_consistency_last": figure(
             lambda r: value_at(r["curve"], plan.ratings, "rating_model_consistency")),
+        "probe_falls": figure(lambda r: probe_falls(r["curve"])),
         "rounds_rollouts": figure(mode_count("rollouts")),
         "rounds_rated": figure(mode_count("rated")),
         "rounds_succeeded": figure(lambda r: r["rounds_succeeded"]),

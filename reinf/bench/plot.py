@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from reinf.bench.aggregate import GOAL_RISE
+from reinf.bench.aggregate import GOAL_RISE, PROBE_FALL
 
 COLOURS = {"reinf": "#1f77b4", "rated": "#9467bd", "sft": "#ff7f0e", "kto": "#2ca02c",
            "bestofn": "#d62728"}
@@ -132,6 +132,7 @@ def format_table(report: dict) -> str:
         ("  change", lambda s: _agg(s["perplexity_preferred_change"], "+.1%")),
         ("rating model Spearman, last", lambda s: _agg(s["rating_model_consistency_last"],
                                                         ".2f")),
+        (f"probe falls >= {PROBE_FALL} a round", lambda s: _agg(s.get("probe_falls"), ".3g")),
         ("rounds rollouts / rated", lambda s: "-" if s["rounds_rollouts"]["mean"] is None else
          f"{s['rounds_rollouts']['mean']:.3g} / {s['rounds_rated']['mean']:.3g}"),
         ("rounds ok (rejected)", lambda s: f"{_mean(s['rounds_succeeded'], '.3g')} "

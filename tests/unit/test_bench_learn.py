@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from reinf.bench.aggregate import (aggregate, aggregate_reach, check_goals, curve_to_target,
-                                   mean_curve, summarize_method, value_at)
+                                   mean_curve, probe_falls, summarize_method, value_at)
 from reinf.bench.learn import LearnPlan
 from reinf.bench.plot import build_svg, format_table, series
 
@@ -118,6 +118,17 @@ def test_summary_is_the_mean_and_range_of_the_seeds():
     at16 = curve[1]["probe_mean_rating"]
     assert (at16["min"], at16["max"]) == (3.0, 3.5)
     assert report["methods"]["reinf"]["seeds"] == runs    # the per-seed detail is kept
+    # seed 1 fell from 4.5 to 4.0 after a round: a fall of 0.25 or more; seed 0 never fell
+    assert s["probe_falls"]["values"] == [0, 1]
+    assert "probe falls >= 0.25 a round" in format_table(report)
+
+
+def test_a_fall_counts_from_one_point_of_the_curve_to_the_next():
+    curve = [{"probe_mean_rating": m} for m in (2.0, 3.0, 2.8, 2.5, 3.5, 3.25, None, 3.0)]
+    # 3.0 -> 2.8 (-0.2) is within the noise, 2.8 -> 2.5 (-0.3) is a fall, 3.5 -> 3.25 is
+    # one at the threshold, and a point without a probe is passed over: 3.25 -> 3.0
+    assert probe_falls(curve) == 3
+    assert probe_falls(curve, fall=0.1) == 4
 
 
 def test_goals_read_the_means_over_seeds():
