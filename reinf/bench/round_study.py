@@ -183,7 +183,8 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                 if bench_keys.get("baseline"):
                     figures["mode"] = bench_keys["baseline"]
                 for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations",
-                            "rated_imitated", "imitation_active"):
+                            "rated_imitated", "imitation_active", "approx_kl", "clipfrac",
+                            "steps", "early_stopped"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
                 if path is not None:
@@ -295,7 +296,17 @@ def describe(f: dict[str, Any]) -> str:
             + f", pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
             f"estimated change {f['estimated_change']:+.3f} (ESS {f['ess']:.2f}), mean |Δ| "
             f"{f['mean_abs_delta']:.3f}, KL {kl_text(f.get('kl'))}, {f['seconds']:.0f} s"
-            + passes_text(f.get("iterations")))
+            + steps_text(f) + passes_text(f.get("iterations")))
+
+
+def steps_text(f: dict[str, Any]) -> str:
+    """How many optimizer steps the round took, and whether the early stop (target_kl)
+    ended it, with how far the last pass moved the policy (approx_kl, clipfrac)."""
+    if f.get("steps") is None:
+        return ""
+    return (f"; {f['steps']} steps" + (", stopped early" if f.get("early_stopped") else "")
+            + (f", approx_kl {f['approx_kl']:.3f}, clipfrac {f['clipfrac']:.2f}"
+               if f.get("approx_kl") is not None and f.get("clipfrac") is not None else ""))
 
 
 def passes_text(passes: list[dict] | None) -> str:

@@ -111,3 +111,14 @@ def test_a_round_of_several_passes_says_where_each_left_the_policy():
     f["iterations"] = [{"kl": 0.011, "predicted_score_mean": 2.5},
                        {"kl": 0.02, "predicted_score_mean": 2.75}]
     assert describe(f).endswith("; passes: KL 0.0110 predicted 2.50, KL 0.0200 predicted 2.75")
+
+
+def test_a_round_says_how_many_steps_it_took_and_whether_it_stopped_early():
+    from reinf.bench.round_study import describe
+
+    f = {"status": "succeeded", "mode": "rollouts", "pairwise": 0.7, "pairs": 10,
+         "estimated_change": 0.1, "ess": 0.9, "mean_abs_delta": 1.0, "kl": 0.02, "seconds": 5.0,
+         "steps": 36, "early_stopped": False, "approx_kl": 0.0412, "clipfrac": 0.21}
+    assert describe(f).endswith("; 36 steps, approx_kl 0.041, clipfrac 0.21")
+    f.update(steps=9, early_stopped=True)
+    assert "; 9 steps, stopped early, approx_kl" in describe(f)
