@@ -31,8 +31,10 @@ GOAL_SPEARMAN, GOAL_SPEARMAN_AFTER = 0.8, 48  # rating model's cross-validated S
 POINT_KEYS = ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
               "perplexity_preferred", "rating_model_consistency")
 # A fall of the probe mean between two points of a run's curve (one round apart) at least
-# this large counts in ``probe_falls``: more than a 32-prompt probe's own noise between
-# rounds that barely move the policy (a spread of about 0.19 on the real model).
+# this large counts in ``probe_falls``: more than a 32-prompt probe moves between rounds that
+# barely move the policy (a spread of about 0.19 on the real model). It is not all the
+# policy's doing: where the rater's scores spread wide (1 or 5), the probe's own sampling
+# noise is as large (docs/benchmarks.md); compare arms on the same rater.
 PROBE_FALL = 0.25
 
 
