@@ -82,6 +82,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -654,7 +655,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     step_groups = [range(s, min(s + acc, n_mb)) for s in range(0, n_mb, acc)]
     log: dict[str, list[float]] = {k: [] for k in (*DIAGNOSTICS, "grad_norm")}
     steps, epochs_run, early_stopped, nan = 0, 0, False, False
-    recent: list[float] = []  # the step rule: approx_kl_policy of the latest minibatches
+    recent: deque[float] = deque(maxlen=STOP_WINDOW)  # the step rule's latest approx_kl
     nan_reason = None
     try:
         with update_mode(policy.model, hp.gradient_checkpointing):
@@ -679,7 +680,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                             if name in stats:
                                 log.setdefault(name, []).append(float(stats[name]))
                         epoch_kl.append(float(stats["approx_kl"]))
-                        recent = [*recent, float(stats["approx_kl_policy"])][-STOP_WINDOW:]
+                        recent.append(float(stats["approx_kl_policy"]))
                         if progress:
                             progress({"stage": "update", "epoch": epoch + 1,
                                       "epochs": hp.ppo_epochs, "done": epoch * n_mb + j + 1,

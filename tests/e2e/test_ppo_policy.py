@@ -319,17 +319,25 @@ def test_early_stop_when_approx_kl_exceeds_target(model_dir):
     assert not full["early_stopped"] and full["epochs_run"] == 4 and full["steps"] == 8
 
 
-def test_the_step_rule_stops_within_the_first_epoch(model_dir):
-    # Eight replies, one a minibatch: the first is scored on-policy (approx_kl 0), so the
-    # step rule stops after the second step, where the epoch rule finishes the epoch.
-    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0)] * 8
-    stops = {}
+def stop_rounds(model_dir, n: int, demos=None, **hyper) -> dict[str, dict]:
+    """One round of ``n`` replies (one a minibatch, 3 epochs, target_kl 1e-9) under each
+    early-stop rule, each from a fresh policy: the rule -> train_policy's metrics."""
+    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0)] * n
+    rounds = {}
     for rule in ("epoch", "step"):
         policy = build_policy(model_dir)
         opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-        stops[rule] = train_policy(policy, opt, build_rollout(eps), KLController(0.05, 0.05),
-                                   Hyper(batch_size=1, ppo_epochs=3, target_kl=1e-9,
-                                         early_stop=rule))
+        rounds[rule] = train_policy(policy, opt, build_rollout(eps, demos=demos),
+                                    KLController(0.05, 0.05),
+                                    Hyper(batch_size=1, ppo_epochs=3, target_kl=1e-9,
+                                          early_stop=rule, **hyper))
+    return rounds
+
+
+def test_the_step_rule_stops_within_the_first_epoch(model_dir):
+    # Eight replies, one a minibatch: the first is scored on-policy (approx_kl 0), so the
+    # step rule stops after the second step, where the epoch rule finishes the epoch.
+    stops = stop_rounds(model_dir, 8)
     assert stops["epoch"]["early_stopped"] and stops["epoch"]["steps"] == 8
     assert stops["step"]["early_stopped"] and stops["step"]["steps"] == 2
     assert stops["step"]["epochs_run"] == 1 and stops["step"]["early_stop_step"] == 2
@@ -339,15 +347,7 @@ def test_the_step_rule_stops_within_the_first_epoch(model_dir):
 def test_the_step_rule_leaves_demonstrations_out(model_dir):
     # Every reply is a demonstration the imitation term moves: the epoch rule, which counts
     # their tokens, stops after one epoch; the step rule sees no policy-gradient token moved.
-    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0)] * 4
-    runs = {}
-    for rule in ("epoch", "step"):
-        policy = build_policy(model_dir)
-        opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-        runs[rule] = train_policy(policy, opt, build_rollout(eps, demos=[True] * 4),
-                                  KLController(0.05, 0.05),
-                                  Hyper(batch_size=1, ppo_epochs=3, target_kl=1e-9,
-                                        early_stop=rule, imitation_coef=1.0))
+    runs = stop_rounds(model_dir, 4, demos=[True] * 4, imitation_coef=1.0)
     assert runs["epoch"]["early_stopped"] and runs["epoch"]["steps"] == 4
     assert runs["epoch"]["approx_kl"] > 1e-9
     assert not runs["step"]["early_stopped"] and runs["step"]["steps"] == 12
