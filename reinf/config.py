@@ -38,6 +38,10 @@ ENV_PREFIX = "REINF_"
 # README has always shown them. Any other bare name (HOST, PORT, DEVICE, DB_URL) belongs to
 # the shell, the container or the CI job, which set them for other programs.
 BARE_ENV = ("train_interval_minutes", "train_after_ratings")
+# REINF_ variables that are not settings: where the data and the config are, what the server
+# hands its own child processes, and the test suite's switches (REINF_TEST_*).
+OTHER_ENV = ("REINF_HOME", "REINF_CONFIG", "REINF_HOOK_PARENT", "REINF_TRAIN_NICE",
+             "REINF_SKIP_BROWSER")
 DEFAULT_HOME = "~/.reinf"
 CONFIG_FILENAME = "config.yaml"
 
@@ -145,13 +149,14 @@ class PPOConfig:
                                   "adaptive_kl, the least it is", min=0.0)
     kl_loss_coef: float = setting(0.05, "weight of the KL to the base as a loss term (k3 on the "
                                        "sampled tokens, as in GRPO); 0 = off", min=0.0)
-    adaptive_kl: bool = setting(True, "after each round, raise the KL penalty while KL is above "
-                                      "kl_target, lower it back towards kl_coef while below; "
-                                      "false = a fixed kl_coef")
+    adaptive_kl: bool = setting(True, "after each PPO pass (once a round unless "
+                                      "training.rollout_iterations > 1), raise the KL penalty "
+                                      "while KL is above kl_target, lower it back towards "
+                                      "kl_coef while below; false = a fixed kl_coef")
     kl_target: float = setting(0.05, "KL per reply token (nats) above which the adaptive "
                                      "controller raises the KL penalty", min=0.0)
-    kl_horizon: int = setting(1, "rounds the KL controller takes to close its error (clipped "
-                                 "to ±20%): 1 = up to 20% a round", min=1, max=100,
+    kl_horizon: int = setting(1, "PPO passes the KL controller takes to close its error "
+                                 "(clipped to ±20%): 1 = up to 20% a pass", min=1, max=100,
                               fix="kl_horizon counts training rounds now, not samples: set it "
                                   "to 1 (the default), or delete the line")
     kl_max: float = setting(1.0, "promotion gate: reject a round whose KL per token exceeds this",
@@ -160,7 +165,8 @@ class PPOConfig:
                                min=0.0)
     early_stop: str = setting("epoch", "when target_kl is checked: epoch = after each pass "
                                        "over the batch; step = after every optimizer step, "
-                                       "on the last 4 minibatches, demonstrations left out",
+                                       "on the last 4 minibatches, leaving out the episodes "
+                                       "the imitation term reads",
                               choices=("epoch", "step"))
     advantage: str = setting("rloo", "baseline of every round: rloo = leave-one-out over the "
                                      "replies to one prompt (a rated reply alone with its "
@@ -532,6 +538,24 @@ def _read_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
     if environ.get("REINF_HOME"):
         values["data_dir"], names["data_dir"] = environ["REINF_HOME"], "REINF_HOME"
     return values, names
+
+
+def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each REINF_ variable in ``environ`` that names no setting (it is
+    ignored, so a misspelt one would silently leave the default), with the nearest name."""
+    environ = os.environ if environ is None else environ
+    known = [ENV_PREFIX + info.env for info in settings()]
+    warnings = []
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var in known or var in OTHER_ENV \
+                or var.startswith("REINF_TEST_"):
+            continue
+        near = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}? " if near else ""
+        warnings.append(f"{var} names no setting and is ignored: {hint}`reinf config show` "
+                        "lists the settings; the variable is REINF_ and the key upper-cased "
+                        "(lora.* and training.* keep their section: REINF_TRAINING_METHOD)")
+    return warnings
 
 
 def _describe_origin(name: str, origins: Mapping[str, str], env_names: Mapping[str, str],

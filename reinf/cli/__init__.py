@@ -43,6 +43,10 @@ def main(ctx: click.Context, config_path: str | None, home: str | None, debug: b
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet_libraries(debug=debug)
+    from reinf.config import unknown_env
+
+    for warning in unknown_env():
+        click.echo(f"warning: {warning}", err=True)
     from_flag = ctx.get_parameter_source("home") == click.core.ParameterSource.COMMANDLINE
     ctx.obj = AppContext(config_path=config_path, home=home, debug=debug, home_is_flag=from_flag)
     ctx.call_on_close(ctx.obj.close)

@@ -29,13 +29,18 @@ def init(app, model_name, skip_model, as_json):
         app.override(model_path=model_name)
     cfg = app.config
     home = cfg.data_dir
-    if not model_name and not (home / "config.yaml").exists() \
-            and cfg.origin_kind("model_path") == "default":
-        # A new data directory gets the real assistant (the built-in default, for library
-        # use and tests, stays the tiny demo model); REINF_MODEL_PATH or --model choose.
-        model_name = INIT_MODEL
-        app.override(model_path=model_name)
-        cfg = app.config
+    if not model_name and not (home / "config.yaml").exists():
+        if cfg.origin_kind("model_path") == "default":
+            # A new data directory gets the real assistant (the built-in default, for
+            # library use and tests, stays the tiny demo model); REINF_MODEL_PATH or
+            # --model choose.
+            model_name = INIT_MODEL
+            app.override(model_path=model_name)
+            cfg = app.config
+        elif cfg.origin_kind("model_path") == "environment":
+            # REINF_MODEL_PATH's choice is written down too: a later `reinf serve` without
+            # the variable must run the model init set up, not the built-in default.
+            model_name = str(cfg.value("model_path"))
     created = []
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)

@@ -380,14 +380,15 @@ def explained_variance(y_pred: Tensor, y_true: Tensor, mask: Tensor) -> float:
 @dataclass
 class KLController:
     """Adaptive KL coefficient (Ziegler et al. 2019): proportional control towards the
-    target, stepped once a round with the round's measured KL, never below ``floor``
+    target, stepped once per PPO pass (``train_policy``; once a round unless
+    ``training.rollout_iterations`` > 1) with the pass's measured KL, never below ``floor``
     (the configured ``kl_coef``):
 
     coef <- max(floor, coef (1 + clip(kl / target - 1, -0.2, 0.2) / horizon))
 
-    ``horizon`` counts rounds: at 1 the clipped error is closed in one round, so KL at twice
-    the target raises the coefficient by 20% a round (x1.73 over three), and KL at half of
-    it lowers a raised one by 20% a round (x0.51 over three) until it is back at the floor.
+    ``horizon`` counts passes: at 1 the clipped error is closed in one pass, so KL at twice
+    the target raises the coefficient by 20% a pass (x1.73 over three), and KL at half of
+    it lowers a raised one by 20% a pass (x0.51 over three) until it is back at the floor.
     Ziegler's horizon counts samples, for an update every batch of a long run; Reinf
     measures KL once a round, a round is tens of samples, and a horizon of 1000 samples
     moved the coefficient by at most 1.6% a round.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -466,3 +467,26 @@ def test_reset_refuses_a_section_it_cannot_edit_line_by_line(tmp_path, home):
     assert "edit the file by hand" in info.value.fix
     assert f.read_text() == "ppo: {kl_coef: 0.3, learning_rate: 0.01}\n"  # untouched
     assert list(tmp_path.glob(".c.yaml.tmp-*")) == []
+
+
+def test_a_misspelt_variable_is_named_with_the_nearest_setting():
+    from reinf.config import unknown_env
+
+    env = {"REINF_MIN_CONSISTENCY": "0.5", "REINF_EARLYSTOP": "step", "REINF_PORT": "9000",
+           "REINF_TRAINING_METHOD": "rated", "REINF_HOME": "/x", "REINF_TEST_PG": "require",
+           "PATH": "/bin"}
+    warnings = unknown_env(env)
+    assert len(warnings) == 2, warnings  # the settings, REINF_HOME and the test switch pass
+    assert warnings[0].startswith("REINF_EARLYSTOP names no setting and is ignored: did you "
+                                  "mean REINF_EARLY_STOP?")
+    assert "did you mean REINF_TRAINING_MIN_CONSISTENCY?" in warnings[1]
+    assert unknown_env({"REINF_TRAINING_MIN_CONSISTENCY": "0.5"}) == []
+
+
+def test_every_command_warns_of_a_variable_that_names_no_setting(invoke, home, monkeypatch):
+    monkeypatch.setenv("REINF_MIN_CONSISTENCY", "0.5")
+    result = invoke("config", "show", "--json")
+    assert result.exit_code == 0
+    assert "warning: REINF_MIN_CONSISTENCY names no setting" in result.stderr
+    shown = json.loads(result.stdout)  # the JSON on stdout stays clean
+    assert shown["training"]["min_consistency"] == 0.3

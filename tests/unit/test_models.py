@@ -1,6 +1,7 @@
 """Named models: resolution, listing, and what a bad or missing download gives."""
 from __future__ import annotations
 
+import json
 import zipfile
 from dataclasses import replace
 
@@ -147,4 +148,10 @@ def test_a_config_from_an_earlier_init_is_named_as_hiding_the_models_defaults(in
 def test_init_keeps_a_model_chosen_in_the_environment(invoke, home, monkeypatch):
     monkeypatch.setenv("REINF_MODEL_PATH", "reinf-demo")
     assert invoke("init", "--skip-model").exit_code == 0
-    assert 'model_path: "reinf-demo"' in (home / "config.yaml").read_text()
+    lines = (home / "config.yaml").read_text().splitlines()
+    # written as a setting, not left as the commented default line
+    assert any(line.startswith('  model_path: "reinf-demo"') for line in lines), lines[:30]
+    monkeypatch.delenv("REINF_MODEL_PATH")
+    shown = json.loads(invoke("config", "show", "--json").output)
+    assert shown["model"]["model_path"] == "reinf-demo"
+    assert shown["origins"]["model_path"] == "file"
