@@ -491,6 +491,17 @@ def format_daemon_round(d: dict, wrap: str) -> list[str]:
     return lines
 
 
+def child_config(config_path: str | None, model: str):
+    """The config a child measures ``model`` with: the configured one for ``demo`` and
+    ``0.5b``; for a model path or name, the same with that ``model_path`` as a flag, so a
+    named model brings its own defaults (smollm2-135m's 192 tokens, reinf-demo's 128)
+    under whatever the file and environment set, as ``reinf bench learn --model`` does."""
+    from reinf.config import load_config
+
+    overrides = {} if model in MODELS else {"model_path": model}
+    return load_config(config_path, overrides=overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reinf.bench.speed",
                                      description="One model's part of `reinf bench speed`.")
@@ -506,9 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from reinf.config import load_config
-
-    config = load_config(args.config)
+    config = child_config(args.config, args.model)
     threads = args.threads or config.schedule.train_threads
     if threads:
         torch.set_num_threads(threads)

@@ -150,3 +150,21 @@ def test_report_says_when_no_new_checkpoint_answered():
     assert "rating -> answer      no new checkpoint answered: rejected (round rejected: KL)" \
         in text
     assert "cold start: 3 of the 8 ratings" in text and "chat reply" not in text
+
+
+def test_a_model_named_to_speed_brings_its_own_defaults(tmp_path, monkeypatch):
+    """`reinf bench speed --model reinf-demo` under a config of smollm2-135m measures the
+    demo model at its own settings, not the configured model's."""
+    from reinf.bench.speed import child_config
+
+    config = tmp_path / "config.yaml"
+    config.write_text('model:\n  model_path: "smollm2-135m"\n', encoding="utf-8")
+    monkeypatch.setenv("REINF_HOME", str(tmp_path))
+    configured = child_config(str(config), "demo")
+    assert configured.model.model_path == "smollm2-135m"
+    assert configured.generation.max_new_tokens == 192  # smollm2-135m's own
+    demo = child_config(str(config), "reinf-demo")
+    assert demo.model.model_path == "reinf-demo"
+    assert demo.generation.max_new_tokens == 128 and demo.ppo.kl_loss_coef == 0.05
+    monkeypatch.setenv("REINF_MAX_NEW_TOKENS", "64")  # what the person set still wins
+    assert child_config(str(config), "reinf-demo").generation.max_new_tokens == 64
