@@ -39,9 +39,9 @@ ENV_PREFIX = "REINF_"
 # the shell, the container or the CI job, which set them for other programs.
 BARE_ENV = ("train_interval_minutes", "train_after_ratings")
 # REINF_ variables that are not settings: where the data and the config are, what the server
-# hands its own child processes, and the test suite's switches (REINF_TEST_*).
+# hands its own child processes, and the test suite's switches (these and REINF_TEST_*).
 OTHER_ENV = ("REINF_HOME", "REINF_CONFIG", "REINF_HOOK_PARENT", "REINF_TRAIN_NICE",
-             "REINF_SKIP_BROWSER")
+             "REINF_SKIP_BROWSER", "REINF_CHROMIUM", "REINF_CHROMEDRIVER", "REINF_BENCH_HIDDEN")
 DEFAULT_HOME = "~/.reinf"
 CONFIG_FILENAME = "config.yaml"
 
