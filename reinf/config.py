@@ -540,11 +540,17 @@ def _read_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
     return values, names
 
 
+def setting_variables() -> list[str]:
+    """The REINF_ variable of every setting, in declaration order (REINF_PORT,
+    REINF_TRAINING_METHOD)."""
+    return [ENV_PREFIX + info.env for info in settings()]
+
+
 def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
     """A warning for each REINF_ variable in ``environ`` that names no setting (it is
     ignored, so a misspelt one would silently leave the default), with the nearest name."""
     environ = os.environ if environ is None else environ
-    known = [ENV_PREFIX + info.env for info in settings()]
+    known = setting_variables()
     warnings = []
     for var in sorted(environ):
         if not var.startswith(ENV_PREFIX) or var in known or var in OTHER_ENV \

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reinf.cli.bench import learn
-from reinf.config import ENV_PREFIX, load_config, settings
+from reinf.config import load_config, setting_variables
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "docs" / "benchmarks" / "plans").glob("*.txt"))
@@ -32,7 +32,7 @@ def test_there_are_plans():
 def test_every_run_of_a_plan_is_one_reinf_bench_learn_accepts(plan, tmp_path):
     from reinf.bench.raters import load_rater
 
-    variables = {ENV_PREFIX + info.env for info in settings()} | {"REINF_HOME"}
+    variables = set(setting_variables()) | {"REINF_HOME"}
     runs = run_many().read_plan(plan)
     for run in runs:
         ctx = learn.make_context("learn", list(run.args))  # unknown options raise here
