@@ -23,6 +23,15 @@ measures both, in minutes instead of the hours a learning run takes.
      scores differently, the share the model orders the same way (0.5: a coin); and how
      many such pairs there were (a rater that scores all replies to a prompt alike gives a
      round nothing to learn from, whatever the model);
+   - **weighted accuracy**: the same pairs, each weighted by the difference of the scores a
+     round would give them (``RatingModel.score`` at ``training.pessimism``). RLOO pushes
+     two replies to one prompt apart in proportion to that difference, so this is the share
+     of a round's push on them that goes the rater's way. It is above the plain accuracy
+     where the model is wrong mostly about pairs it scores nearly alike;
+   - **push share**: of the push on *every* pair of replies to one prompt, the pairs the
+     rater scores alike included, the share that goes the rater's way. A rater that tells
+     few replies apart gets little of a round's movement, however well the model orders
+     those few: the rest moves replies in ways the rater does not care about;
    - its own **cross-validated Spearman**, the figure a round reports and gates on
      (``training.min_consistency``).
 
@@ -111,31 +120,36 @@ def run_rating_study(config, raters: Sequence[str], *, prompts: int = PLAN["prom
         scores = [float(rater(texts[r.group], r.text)) for r in kept]
         by_n = {}
         for n in ratings:
-            figures = [judge(features, scores, groups, n, seed=seed * 1000 + d)
-                       for d in range(draws)]
+            figures = [judge(features, scores, groups, n, seed=seed * 1000 + d,
+                             pessimism=train_cfg.pessimism) for d in range(draws)]
             by_n[str(n)] = summarise(figures)
             if pairs_every:
                 by_n[str(n)]["with_pairs"] = summarise(
                     [judge(features, scores, groups, n, seed=seed * 1000 + d,
-                           pairs_every=pairs_every) for d in range(draws)])
+                           pairs_every=pairs_every, pessimism=train_cfg.pessimism)
+                     for d in range(draws)])
         report["raters"][name] = {"unseen": is_unseen(name),
                                   "mean_score": round(statistics.fmean(scores), 3),
                                   "by_ratings": by_n}
         last = by_n[str(biggest)]
         say(f"{name}: after {biggest} ratings, within-prompt accuracy "
-            f"{fmt(last['within_prompt_accuracy'])}, Spearman {fmt(last['spearman'])} "
+            f"{fmt(last['within_prompt_accuracy'])} (weighted "
+            f"{fmt(last['weighted_accuracy'])}), Spearman {fmt(last['spearman'])} "
             f"(ceiling {fmt(last['ceiling'])}), cross-validated {fmt(last['cross_validated'])}")
     return report
 
 
 def judge(features, scores: Sequence[float], groups: dict[int, list[int]], n: int, *,
-          seed: int, pairs_every: int = 0) -> dict[str, float | None]:
+          seed: int, pairs_every: int = 0, pessimism: float = 0.5
+          ) -> dict[str, float | None]:
     """One draw: ``n`` interactions, one with each of ``n`` drawn prompts, then the model is
     judged on the other prompts. An interaction rates one reply of its prompt; with
     ``pairs_every`` k, every k-th one instead picks between two replies of its prompt (the
     better by the rater; a tie when it scores them alike), as regenerate does, and the
     picks join the fit (``fit_rating_model``'s Bradley-Terry term). The same ``seed`` draws
-    the same prompts with or without pairs, so the two can be compared draw by draw."""
+    the same prompts with or without pairs, so the two can be compared draw by draw.
+    ``pessimism``: the trainer's (``training.pessimism``), for the scores the weighted
+    accuracy weighs the pairs by."""
     from reinf.training.rating_model import (PairSet, fit_rating_model, spearman,
                                              spearman_ceiling)
 
@@ -157,26 +171,35 @@ def judge(features, scores: Sequence[float], groups: dict[int, list[int]], n: in
     y = [scores[i] for i in rows]
     if len(set(y)) < 2:  # every rating the same: nothing to fit; the model knows nothing
         return {"spearman": None, "ceiling": None, "within_prompt_accuracy": None,
-                "pairs": 0, "cross_validated": None, "all_alike": 1.0}
+                "weighted_accuracy": None, "push_share": None, "pairs": 0,
+                "cross_validated": None, "all_alike": 1.0}
     where = {row: k for k, row in enumerate(rows + paired)}
     pair_set = PairSet.of([(where[a], where[b], t) for a, b, t in picks]) if picks else None
     model = fit_rating_model(features[rows + paired], y, seed=seed, pairs=pair_set)
     test = [i for g in held for i in groups[g]]
     predicted, _ = model.predict(features[test])
     by_row = dict(zip(test, predicted.tolist()))
+    reward = dict(zip(test, model.score(features[test], pessimism).tolist()))  # a round's
     truth = [scores[i] for i in test]
     agree = total = 0
+    push = push_all = push_right = 0.0  # on the pairs the rater tells apart; on every pair
     for g in held:
         members = groups[g]
         for a in range(len(members)):
             for b in range(a + 1, len(members)):
                 i, j = members[a], members[b]
+                gap = reward[i] - reward[j]
+                push_all += abs(gap)
                 if scores[i] == scores[j]:
                     continue
                 total += 1
                 agree += (by_row[i] - by_row[j]) * (scores[i] - scores[j]) > 0
+                push += abs(gap)
+                push_right += abs(gap) * (gap * (scores[i] - scores[j]) > 0)
     return {"spearman": spearman(predicted.tolist(), truth), "ceiling": spearman_ceiling(truth),
-            "within_prompt_accuracy": agree / total if total else None, "pairs": total,
+            "within_prompt_accuracy": agree / total if total else None,
+            "weighted_accuracy": push_right / push if push > 0 else None,
+            "push_share": push_right / push_all if push_all > 0 else None, "pairs": total,
             "cross_validated": model.consistency, "all_alike": 0.0}
 
 
@@ -201,7 +224,8 @@ def format_study(report: dict) -> str:
              f"sampled in {report['sample_seconds']:.0f} s), {report['features']} features, "
              f"means over {report['draws']} draws",
              f"  machine: {report['machine']}", "",
-             f"  {'rater':<18} {'ratings':>7} {'within-prompt':>13} {'pairs':>6} "
+             f"  {'rater':<18} {'ratings':>7} {'within-prompt':>13} {'weighted':>8} "
+             f"{'push':>5} {'pairs':>6} "
              f"{'Spearman':>8} {'ceiling':>7} {'cross-val':>9} {'all alike':>9}"
              + (f" {'with picks':>10}" if report.get("pairs_every") else "")]
     for name, r in report["raters"].items():
@@ -209,14 +233,20 @@ def format_study(report: dict) -> str:
         for n, f in r["by_ratings"].items():
             twin = f.get("with_pairs")
             lines.append(f"  {label:<18} {n:>7} {fmt(f['within_prompt_accuracy']):>13} "
+                         f"{fmt(f.get('weighted_accuracy')):>8} "
+                         f"{fmt(f.get('push_share')):>5} "
                          f"{f['pairs'] or 0:>6.0f} {fmt(f['spearman']):>8} {fmt(f['ceiling']):>7} "
                          f"{fmt(f['cross_validated']):>9} {f['all_alike']:>9.0%}"
                          + (f" {fmt(twin['within_prompt_accuracy']):>10}" if twin else ""))
             label = ""
     lines += ["", "  within-prompt: of the held-out pairs of replies to one prompt that the rater "
                   "scores differently, the share the rating model orders the same way (0.50 = a "
-                  "coin); pairs: how many such pairs a draw has; all alike: draws whose ratings "
-                  "were all the same (nothing to fit); * = a rater used to choose defaults"
+                  "coin); weighted: the same pairs, each weighted by the difference of the "
+                  "scores a round gives them (the share of a round's push that goes the rater's "
+                  "way); push: the share of the push on every pair, ties included, that goes "
+                  "the rater's way; pairs: how many such pairs a draw has; all alike: draws "
+                  "whose ratings were all the same (nothing to fit); * = a rater used to choose "
+                  "defaults"
               + ("; with picks: within-prompt accuracy of the same draws when every "
                  f"{report['pairs_every']}th interaction is a pick between two replies instead "
                  "of a rating" if report.get("pairs_every") else "")]

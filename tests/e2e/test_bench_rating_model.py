@@ -31,6 +31,9 @@ def test_the_study_reports_each_rater_by_number_of_ratings(invoke):
             assert set(f["with_pairs"]) == set(f) - {"with_pairs"}  # the same figures
             if f["within_prompt_accuracy"] is not None:
                 assert 0 <= f["within_prompt_accuracy"] <= 1 and f["pairs"] > 0
+            if f["weighted_accuracy"] is not None:
+                assert 0 <= f["weighted_accuracy"] <= 1 and f["pairs"] > 0
+                assert 0 <= f["push_share"] <= f["weighted_accuracy"]
             if f["spearman"] is not None and f["ceiling"] is not None:
                 assert -1 <= f["spearman"] <= 1 and 0 < f["ceiling"] <= 1
 

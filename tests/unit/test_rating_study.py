@@ -27,18 +27,38 @@ def test_features_that_carry_the_score_order_the_replies_to_one_prompt():
     assert f["cross_validated"] > 0.5 and f["all_alike"] == 0.0
 
 
+def test_the_weighted_accuracy_counts_the_pairs_a_round_pushes_hardest():
+    """A model that errs mostly on pairs it scores nearly alike pushes the rater's way more
+    often than its plain accuracy says; that is what the weighted figure measures."""
+    x, scores, groups = _replies(40, 4)
+    draws = [judge(x, scores, groups, 24, seed=s) for s in range(4)]
+    for f in draws:
+        assert f["weighted_accuracy"] > f["within_prompt_accuracy"]
+    # every pair is pushed, the ones the rater scores alike too: the share of the push
+    # that goes the rater's way is below the weighted accuracy on the pairs it tells apart
+    for f in draws:
+        assert 0 < f["push_share"] < f["weighted_accuracy"]
+    # the weights are the scores a round gives (mean - pessimism x std): a far larger
+    # pessimism reorders some pairs, so the figure follows the setting
+    assert judge(x, scores, groups, 24, seed=0, pessimism=50.0)["weighted_accuracy"] \
+        != draws[0]["weighted_accuracy"]
+
+
 def test_features_that_do_not_carry_it_are_a_coin():
     x, scores, groups = _replies(40, 4)
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
-    accuracy = [judge(noise, scores, groups, 24, seed=s)["within_prompt_accuracy"]
-                for s in range(8)]
-    assert 0.3 < sum(accuracy) / len(accuracy) < 0.7
+    draws = [judge(noise, scores, groups, 24, seed=s) for s in range(8)]
+    for key in ("within_prompt_accuracy", "weighted_accuracy"):
+        assert 0.3 < sum(f[key] for f in draws) / len(draws) < 0.7
+    # and less than half of a round's push goes the rater's way
+    assert sum(f["push_share"] for f in draws) / len(draws) < 0.5
 
 
 def test_ratings_all_alike_fit_nothing_and_say_so():
     x, scores, groups = _replies(20, 3)
     alike = judge(x, [3.0] * len(x), groups, 8, seed=0)
     assert alike["all_alike"] == 1.0 and alike["within_prompt_accuracy"] is None
+    assert alike["weighted_accuracy"] is None and alike["push_share"] is None
     fitted = judge(x, scores, groups, 8, seed=0)
     both = summarise([alike, fitted])  # a mean over the draws where the figure exists
     assert both["all_alike"] == 0.5
