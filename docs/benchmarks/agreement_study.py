@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from pathlib import Path
 
@@ -53,13 +52,10 @@ def head_scores(model, x: torch.Tensor) -> torch.Tensor:
 
 def draw(x, scores, groups, n: int, heads: int, *, seed: int, tally: dict) -> None:
     """One draw (``rating_study.judge``'s prompts and rated replies), its pairs into ``tally``."""
+    from reinf.bench.rating_study import draw_prompts, prompt_pairs
     from reinf.training.rating_model import fit_rating_model
 
-    rng = random.Random(seed)
-    prompts = sorted(groups)
-    rng.shuffle(prompts)
-    fitted, held = prompts[:n], prompts[n:]
-    rows = [rng.choice(groups[g]) for g in fitted]
+    fitted, held, rows = draw_prompts(groups, n, seed=seed)
     y = [scores[i] for i in rows]
     if len(set(y)) < 2:
         return
@@ -70,54 +66,56 @@ def draw(x, scores, groups, n: int, heads: int, *, seed: int, tally: dict) -> No
     # the trainer's own reward-ready score (RatingModel.score at training.pessimism's default)
     pessimistic = dict(zip(test, (heads_of.mean(1) - PESSIMISM * heads_of.std(1, unbiased=False))
                            .clamp(1.0, 5.0).tolist()))
-    for g in held:
-        members = groups[g]
-        for a in range(len(members)):
-            for b in range(a + 1, len(members)):
-                i, j = members[a], members[b]
-                gap = pessimistic[i] - pessimistic[j]
-                d = per_head[i] - per_head[j]
-                mean, spread = float(d.mean()), float(d.std(unbiased=False))
-                z = abs(mean) / spread if spread > 0 else float("inf")
-                shrink = 1.0 if z == float("inf") else z * z / (1 + z * z)
-                tally["push"][0] += abs(gap)  # a round pushes tied pairs apart too
-                tally["push shrunk"][0] += abs(mean) * shrink
-                tally["push z>1"][0] += abs(gap) * (z > 1)
-                if scores[i] == scores[j]:
-                    continue
-                tally["push"][1] += abs(gap) * (gap * (scores[i] - scores[j]) > 0)
-                right = mean * (scores[i] - scores[j]) > 0
-                tally["push shrunk"][1] += abs(mean) * shrink * right
-                tally["push z>1"][1] += abs(gap) * (z > 1) * (gap * (scores[i] - scores[j]) > 0)
-                for k, (lo, hi) in enumerate(BINS):
-                    if lo <= z < hi:
-                        tally["bins"][k][0] += 1
-                        tally["bins"][k][1] += right
-                for key, w in (("plain", 1.0), ("magnitude", abs(mean)),
-                               ("shrunk", abs(mean) * shrink)):
-                    tally[key][0] += w
-                    tally[key][1] += w * right
-                tally["pessimistic"][0] += abs(gap)
-                tally["pessimistic"][1] += abs(gap) * (gap * (scores[i] - scores[j]) > 0)
+    for i, j in prompt_pairs(groups, held):
+        gap = pessimistic[i] - pessimistic[j]
+        d = per_head[i] - per_head[j]
+        mean, spread = float(d.mean()), float(d.std(unbiased=False))
+        z = abs(mean) / spread if spread > 0 else float("inf")
+        shrink = 1.0 if z == float("inf") else z * z / (1 + z * z)
+        tally["push"][0] += abs(gap)  # a round pushes tied pairs apart too
+        tally["push shrunk"][0] += abs(mean) * shrink
+        tally["push z>1"][0] += abs(gap) * (z > 1)
+        if scores[i] == scores[j]:
+            continue
+        pushed_right = gap * (scores[i] - scores[j]) > 0  # the way a round pushes them
+        right = mean * (scores[i] - scores[j]) > 0        # the ensemble's mean order
+        tally["push"][1] += abs(gap) * pushed_right
+        tally["push shrunk"][1] += abs(mean) * shrink * right
+        tally["push z>1"][1] += abs(gap) * (z > 1) * pushed_right
+        for k, (lo, hi) in enumerate(BINS):
+            if lo <= z < hi:
+                tally["bins"][k][0] += 1
+                tally["bins"][k][1] += right
+        for key, w in (("plain", 1.0), ("magnitude", abs(mean)),
+                       ("shrunk", abs(mean) * shrink)):
+            tally[key][0] += w
+            tally[key][1] += w * right
+        tally["pessimistic"][0] += abs(gap)
+        tally["pessimistic"][1] += abs(gap) * pushed_right
+
+
+def tally_draws(x, scores, groups, n: int, heads: int) -> dict:
+    """DRAWS draws at ``n`` ratings, their pairs tallied: {key: [weight, weight right]} for
+    each of KEYS, and "bins": [[pairs, right], ...] by BINS."""
+    tally = {"bins": [[0, 0] for _ in BINS], **{key: [0.0, 0.0] for key in KEYS}}
+    for d in range(DRAWS):
+        draw(x, scores, groups, n, heads, seed=SEED * 1000 + d, tally=tally)
+    return tally
 
 
 def main(where: Path, raters: list[str]) -> None:
+    from centring_study import load_study  # beside this file
+
     from reinf.bench.raters import load_rater
 
-    rows = json.loads((where / "replies.json").read_text())
-    x = torch.load(where / "centring-features.pt")["product"]
-    groups: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-        groups.setdefault(r["group"], []).append(i)
+    rows, x, groups = load_study(where)
     result: dict = {}
     for name in raters:
         rater = load_rater(name, seed=SEED)
         scores = [float(rater(r["prompt"], r["text"])) for r in rows]
         for heads in HEADS:
             for n in COUNTS:
-                tally = {"bins": [[0, 0] for _ in BINS], **{key: [0.0, 0.0] for key in KEYS}}
-                for d in range(DRAWS):
-                    draw(x, scores, groups, n, heads, seed=SEED * 1000 + d, tally=tally)
+                tally = tally_draws(x, scores, groups, n, heads)
                 cell = {key: (tally[key][1] / tally[key][0] if tally[key][0] else None)
                         for key in KEYS}
                 total = sum(b[0] for b in tally["bins"])

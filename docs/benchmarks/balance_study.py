@@ -35,14 +35,12 @@ def balances(x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def main(where: Path, raters: list[str]) -> None:
     import agreement_study as study  # beside this file: the same draws and tallies
+    from centring_study import load_study
 
     from reinf.bench.raters import load_rater
 
-    rows = json.loads((where / "replies.json").read_text())
-    sets = balances(torch.load(where / "centring-features.pt")["product"])
-    groups: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-        groups.setdefault(r["group"], []).append(i)
+    rows, x, groups = load_study(where)
+    sets = balances(x)
     keys = ("plain", "pessimistic", "push")
     result: dict = {}
     for name in raters:
@@ -50,10 +48,7 @@ def main(where: Path, raters: list[str]) -> None:
         scores = [float(rater(r["prompt"], r["text"])) for r in rows]
         for label, x in sets.items():
             for n in study.COUNTS:
-                tally = {"bins": [[0, 0] for _ in study.BINS],
-                         **{key: [0.0, 0.0] for key in study.KEYS}}
-                for d in range(study.DRAWS):
-                    study.draw(x, scores, groups, n, 5, seed=study.SEED * 1000 + d, tally=tally)
+                tally = study.tally_draws(x, scores, groups, n, 5)
                 result.setdefault(name, {}).setdefault(label, {})[str(n)] = {
                     key: tally[key][1] / tally[key][0] if tally[key][0] else None for key in keys}
             cells = result[name][label]

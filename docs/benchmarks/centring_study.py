@@ -62,13 +62,10 @@ def judge(x: torch.Tensor, scores: list[float], groups: dict[int, list[int]], n:
     """One draw, every variant: n prompts' rated replies (drawn as ``rating_study.judge``
     draws them), each variant fitted on its own form of them and judged on the other
     prompts' replies (within-prompt accuracy), with its own cross-validated Spearman."""
+    from reinf.bench.rating_study import draw_prompts, prompt_pairs
     from reinf.training.rating_model import fit_rating_model
 
-    rng = random.Random(seed)
-    prompts = sorted(groups)
-    rng.shuffle(prompts)
-    fitted, held = prompts[:n], prompts[n:]
-    rows = [rng.choice(groups[g]) for g in fitted]
+    fitted, held, rows = draw_prompts(groups, n, seed=seed)
     y = [scores[i] for i in rows]
     if len(set(y)) < 2:
         return {v: {"within_prompt_accuracy": None, "cross_validated": None} for v in VARIANTS}
@@ -89,27 +86,30 @@ def judge(x: torch.Tensor, scores: list[float], groups: dict[int, list[int]], n:
         predicted, _ = model.predict(test_x.get(variant, x[test]))
         by_row = dict(zip(test, predicted.tolist()))
         agree = total = 0
-        for g in held:
-            members = groups[g]
-            for a in range(len(members)):
-                for b in range(a + 1, len(members)):
-                    i, j = members[a], members[b]
-                    if scores[i] != scores[j]:
-                        total += 1
-                        agree += (by_row[i] - by_row[j]) * (scores[i] - scores[j]) > 0
+        for i, j in prompt_pairs(groups, held):
+            if scores[i] != scores[j]:
+                total += 1
+                agree += (by_row[i] - by_row[j]) * (scores[i] - scores[j]) > 0
         out[variant] = {"within_prompt_accuracy": agree / total if total else None,
                         "cross_validated": model.consistency}
     return out
 
 
-def judge_all(where: Path, raters: list[str]) -> None:
-    from reinf.bench.raters import load_rater
-
+def load_study(where: Path) -> tuple[list[dict], torch.Tensor, dict[int, list[int]]]:
+    """What the studies beside this file read from ``where``: the replies (``pooling_study.py
+    sample``), their features (``features`` above) and the rows of each prompt's replies."""
     rows = json.loads((where / "replies.json").read_text())
     x = torch.load(where / "centring-features.pt")["product"]
     groups: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(r["group"], []).append(i)
+    return rows, x, groups
+
+
+def judge_all(where: Path, raters: list[str]) -> None:
+    from reinf.bench.raters import load_rater
+
+    rows, x, groups = load_study(where)
     groups = {g: m for g, m in groups.items() if len(m) >= 2}  # a lone reply has no "other"
     result: dict = {}
     for name in raters:

@@ -27,15 +27,12 @@ FACTORS = [float(f) for f in os.environ.get("STUDY_FACTORS", "0.1,0.3,1,3,10").s
 
 def main(where: Path, raters: list[str]) -> None:
     import agreement_study as study  # beside this file: the same draws and tallies
+    from centring_study import load_study
 
     from reinf.bench.raters import load_rater
     from reinf.training import rating_model
 
-    rows = json.loads((where / "replies.json").read_text())
-    x = torch.load(where / "centring-features.pt")["product"]
-    groups: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-        groups.setdefault(r["group"], []).append(i)
+    rows, x, groups = load_study(where)
     chosen = rating_model.ridge_choice
     result: dict = {}
     for name in raters:
@@ -48,11 +45,7 @@ def main(where: Path, raters: list[str]) -> None:
             rating_model.ridge_choice = scaled
             try:
                 for n in study.COUNTS:
-                    tally = {"bins": [[0, 0] for _ in study.BINS],
-                             **{key: [0.0, 0.0] for key in study.KEYS}}
-                    for d in range(study.DRAWS):
-                        study.draw(x, scores, groups, n, 5, seed=study.SEED * 1000 + d,
-                                   tally=tally)
+                    tally = study.tally_draws(x, scores, groups, n, 5)
                     cell = {key: tally[key][1] / tally[key][0] if tally[key][0] else None
                             for key in ("pessimistic", "push")}
                     result.setdefault(name, {}).setdefault(str(factor), {})[str(n)] = cell

@@ -153,14 +153,11 @@ def judge(features, scores: Sequence[float], groups: dict[int, list[int]], n: in
     from reinf.training.rating_model import (PairSet, fit_rating_model, spearman,
                                              spearman_ceiling)
 
-    rng = random.Random(seed)
     picker = random.Random(f"{seed}-picks")  # its own stream: the rated replies stay alike
-    prompts = sorted(groups)
-    rng.shuffle(prompts)
-    fitted, held = prompts[:n], prompts[n:]
+    fitted, held, served = draw_prompts(groups, n, seed=seed)
     rows, paired, picks = [], [], []
-    for i, g in enumerate(fitted, start=1):
-        reply = rng.choice(groups[g])  # drawn either way, so both arms rate the same replies
+    for i, (g, reply) in enumerate(zip(fitted, served), start=1):
+        # the reply is drawn either way, so both arms rate the same replies
         if pairs_every and i % pairs_every == 0 and len(groups[g]) >= 2:
             a, b = picker.sample(groups[g], 2)
             picks.append((a, b, 1.0 if scores[a] > scores[b] else 0.0 if scores[a] < scores[b]
@@ -183,24 +180,40 @@ def judge(features, scores: Sequence[float], groups: dict[int, list[int]], n: in
     truth = [scores[i] for i in test]
     agree = total = 0
     push = push_all = push_right = 0.0  # on the pairs the rater tells apart; on every pair
-    for g in held:
-        members = groups[g]
-        for a in range(len(members)):
-            for b in range(a + 1, len(members)):
-                i, j = members[a], members[b]
-                gap = reward[i] - reward[j]
-                push_all += abs(gap)
-                if scores[i] == scores[j]:
-                    continue
-                total += 1
-                agree += (by_row[i] - by_row[j]) * (scores[i] - scores[j]) > 0
-                push += abs(gap)
-                push_right += abs(gap) * (gap * (scores[i] - scores[j]) > 0)
+    for i, j in prompt_pairs(groups, held):
+        gap = reward[i] - reward[j]
+        push_all += abs(gap)
+        if scores[i] == scores[j]:
+            continue
+        total += 1
+        agree += (by_row[i] - by_row[j]) * (scores[i] - scores[j]) > 0
+        push += abs(gap)
+        push_right += abs(gap) * (gap * (scores[i] - scores[j]) > 0)
     return {"spearman": spearman(predicted.tolist(), truth), "ceiling": spearman_ceiling(truth),
             "within_prompt_accuracy": agree / total if total else None,
             "weighted_accuracy": push_right / push if push > 0 else None,
             "push_share": push_right / push_all if push_all > 0 else None, "pairs": total,
             "cross_validated": model.consistency, "all_alike": 0.0}
+
+
+def draw_prompts(groups: dict[int, list[int]], n: int, *, seed: int
+                 ) -> tuple[list[int], list[int], list[int]]:
+    """One draw's prompts: (the ``n`` a person interacts with, the others, the reply served
+    for each of the ``n``), the same for the same ``seed``."""
+    rng = random.Random(seed)
+    prompts = sorted(groups)
+    rng.shuffle(prompts)
+    fitted, held = prompts[:n], prompts[n:]
+    return fitted, held, [rng.choice(groups[g]) for g in fitted]
+
+
+def prompt_pairs(groups: dict[int, list[int]], prompts: Sequence[int]):
+    """Every pair (i, j) of replies to one of ``prompts``, as rows of the study."""
+    for g in prompts:
+        members = groups[g]
+        for a in range(len(members)):
+            for b in range(a + 1, len(members)):
+                yield members[a], members[b]
 
 
 def summarise(figures: Sequence[dict]) -> dict[str, float | None]:
