@@ -200,6 +200,16 @@ class TrainingConfig:
                                       min=1, max=64)
     rollout_max_new_tokens: int = setting(0, "longest rollout reply; 0 = max_new_tokens",
                                           min=0, max=32_768)
+    styled_rollouts: int = setting(0, "of each prompt's rollouts_per_prompt fresh replies, "
+                                      "this many are asked for in a style (an instruction "
+                                      "from training.styles_file appended to the prompt: a "
+                                      "list, one sentence, an example, ...), then scored and "
+                                      "trained on as plain answers, so a round can move the "
+                                      "model towards ways of answering it seldom picks; 0 = "
+                                      "off (docs/training.md, \"Styled rollouts\")",
+                                   min=0, max=64)
+    styles_file: str | None = setting(None, "style instructions for styled_rollouts, one a "
+                                            "line in a text file; null = the built-in list")
     min_ratings: int = setting(8, "ratings needed before the rating model may score rollouts",
                                min=2)
     min_consistency: float = setting(0.3, "cross-validated Spearman the rating model needs; "

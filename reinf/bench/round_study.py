@@ -51,6 +51,8 @@ PLAN = {"ratings": 32, "prompts": 32, "replies": 8, "seed": 0}
 ARMS: dict[str, dict[str, Any]] = {
     "rated": {"training.method": "rated"},
     "rollouts": {"training.min_consistency": -1.0},
+    # rollouts with half of each prompt's replies asked for in a style (reinf.training.styles)
+    "styled": {"training.min_consistency": -1.0, "training.styled_rollouts": 2},
     # the first version's method, as `reinf bench learn`'s rated baseline runs it
     "rated-v1": {"training.method": "rated", "kl_loss_coef": 0.0, "advantage": "gae"},
     "sft": {"baseline": "sft"},
@@ -184,7 +186,8 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                     figures["mode"] = bench_keys["baseline"]
                 for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations",
                             "rated_imitated", "imitation_active", "approx_kl", "clipfrac",
-                            "steps", "early_stopped"):
+                            "steps", "early_stopped", "styled_rollouts",
+                            "styled_score_gain", "style_gains"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
                 if path is not None:

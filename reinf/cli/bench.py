@@ -342,7 +342,9 @@ def _expand_raters(raters: str) -> list[str]:
                    "FILE.py:function, `real` or `unseen`).")
 @click.option("--arm", "arms", multiple=True,
               help="A way to train the round: `rated` (the rated replies alone), `rollouts` "
-                   "(fresh rollouts whatever the rating model's consistency), `rated-v1` (the "
+                   "(fresh rollouts whatever the rating model's consistency), `styled` (the "
+                   "same, with 2 of each prompt's replies asked for in a style: "
+                   "training.styled_rollouts), `rated-v1` (the "
                    "first version's method), the baselines `sft`, `kto` (TRL's 5e-6) and "
                    "`kto@LR` (KTO at rate LR), or NAME:key=value,... (config overrides, e.g. "
                    "r8:training.min_consistency=-1,training.rollouts_per_prompt=8). Repeat for several "

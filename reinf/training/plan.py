@@ -130,6 +130,7 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     from reinf.rewards.mapper import compute_rewards
     from reinf.training.rating_model import reply_features
     from reinf.training.rollouts import choose_prompts, sample_rollouts
+    from reinf.training.styles import load_styles, styled_contexts
 
     t, g = config.training, config.generation
     started = time.perf_counter()
@@ -141,11 +142,27 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     text_of = {tuple(s.prompt_ids): s.prompt for s in fits}
     total = len(prompts) * t.rollouts_per_prompt
     report({"stage": "rollouts", "done": 0, "total": total})
+    tokenizer = session.loaded.tokenizer
+    styled = min(t.styled_rollouts, t.rollouts_per_prompt)
+    if styled:
+        # some replies asked for in a style (reinf.training.styles), then put back under
+        # their plain prompt: scored and trained as answers to what the person wrote
+        contexts, owners, styles = styled_contexts(
+            tokenizer, prompts, t.rollouts_per_prompt, styled, load_styles(t.styles_file),
+            seed=seed, limit=session.context_limit - max_new)
+    else:
+        contexts, owners, styles = prompts, list(range(len(prompts))), [None] * len(prompts)
     rollouts = sample_rollouts(
-        session.policy.model, session.loaded.tokenizer, prompts, t.rollouts_per_prompt,
+        session.policy.model, tokenizer, contexts, 1 if styled else t.rollouts_per_prompt,
         temperature=g.temperature, top_p=g.top_p, max_new_tokens=max_new, seed=seed,
         batch_size=t.rollout_batch_size,
         progress=lambda done, n: report({"stage": "rollouts", "done": done, "total": n}))
+    if styled:
+        for r in rollouts:
+            r.group = owners[r.group]
+            r.prompt_ids = list(prompts[r.group])
+    else:
+        styles = [None] * len(rollouts)
     sampled = time.perf_counter()
     features = reply_features(session.policy.model, [(r.prompt_ids, r.reply_ids) for r in rollouts],
                               batch_size=config.ppo.batch_size * 2)
@@ -176,4 +193,30 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
         "rollouts": len(rollouts), "rollout_prompts": len(prompts), "rated_in_batch": len(human),
         "rollout_tokens": sum(len(r.reply_ids) for r in rollouts),
         "predicted_score_mean": sum(predicted) / max(len(predicted), 1),
+        **styled_figures(rollouts, predicted, styles),
         "rollout_seconds": sampled - started, "scoring_seconds": time.perf_counter() - sampled}
+
+
+def styled_figures(rollouts, predicted: list[float], styles: list[str | None]
+                   ) -> dict[str, Any]:
+    """How the rating model scored the styled replies against the plain ones to the same
+    prompts: ``styled_rollouts`` (how many), ``styled_score_gain`` (the mean over prompts
+    with both of styled minus plain predicted score; above 0, the round pushes towards the
+    styles) and ``style_gains`` (the same per instruction, best first). Empty when no reply
+    was styled."""
+    if not any(styles):
+        return {}
+    plain: dict[int, list[float]] = {}
+    for r, score, style in zip(rollouts, predicted, styles):
+        if style is None:
+            plain.setdefault(r.group, []).append(score)
+    gains: dict[str, list[float]] = {}
+    for r, score, style in zip(rollouts, predicted, styles):
+        if style is not None and r.group in plain:
+            base = plain[r.group]
+            gains.setdefault(style, []).append(score - sum(base) / len(base))
+    every = [x for xs in gains.values() for x in xs]
+    per_style = {s: round(sum(xs) / len(xs), 3) for s, xs in gains.items()}
+    return {"styled_rollouts": sum(s is not None for s in styles),
+            "styled_score_gain": sum(every) / len(every) if every else None,
+            "style_gains": dict(sorted(per_style.items(), key=lambda kv: -kv[1]))}

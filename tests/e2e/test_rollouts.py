@@ -232,6 +232,48 @@ def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
     assert after > before + 0.05, (before, after)  # terse replies: relatively more likely
 
 
+def test_a_styled_round_trains_styled_replies_as_answers_to_the_plain_prompt(config, store,
+                                                                           tmp_path,
+                                                                           monkeypatch):
+    """``training.styled_rollouts``: half of each prompt's rollouts are sampled with an
+    instruction from the person's styles file, but PPO and the rating model read every reply
+    under the prompt as the person wrote it; the round still moves the policy their way."""
+    import reinf.training.ppo as ppo
+    from reinf.training.trainer import train_round
+
+    styles = ["Keep it short.", "Say more.", "Use a list."]
+    f = tmp_path / "styles.txt"
+    f.write_text("\n".join(styles), encoding="utf-8")
+    cfg = config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
+                         training_styled_rollouts=2, training_styles_file=str(f),
+                         learning_rate=2e-3, ppo_epochs=4, seed=0)
+    rate_demo_turns(cfg, store, 24)
+    rated_prompts = {tuple(s.prompt_ids) for s in store.training_samples(100)}
+    calls: list[list[tuple]] = []  # the first is the PPO batch; the gate's measures follow
+    build = ppo.build_rollout
+    monkeypatch.setattr(ppo, "build_rollout",
+                        lambda episodes, *a, **kw: (calls.append(list(episodes)),
+                                                    build(episodes, *a, **kw))[1])
+    model, tokenizer = demo_model()
+    pairs = style_pairs()
+    before = style_margin(model, tokenizer, pairs)
+    result = train_round(cfg, store)
+    m = result.metrics
+    assert result.status == "succeeded", result.message
+    assert m["mode"] == "rollouts" and m["rollouts"] == 32
+    assert m["styled_rollouts"] == 16 and set(m["style_gains"]) <= set(styles)
+    assert isinstance(m["styled_score_gain"], float)
+    seen = calls[0]
+    assert len(seen) == m["samples"] and {tuple(e[0]) for e in seen} <= rated_prompts
+    assert not any("list" in tokenizer.decode(e[0]) for e in seen)  # no instruction in them
+    from reinf.catalog import PROJECT_ROOT
+    tuned = tk.load_policy(PROJECT_ROOT / "models" / "reinf-demo",
+                           store.active_checkpoint().path)
+    # the demo model ignores instructions, so half its replies come from prompts it never
+    # saw: the push is weaker than a plain round's (+0.02 here, against > +0.05), not wrong
+    assert style_margin(tuned, tokenizer, pairs) > before + 0.01
+
+
 def test_an_iterated_round_samples_again_where_its_last_pass_left_the_adapter(config, store,
                                                                               tmp_path):
     """``training.rollout_iterations``: the same round, same ratings and rating model, run

@@ -1,0 +1,127 @@
+"""Styled rollouts (reinf.training.styles, training.styled_rollouts): the instruction list, the
+instruction spliced into a rendered prompt, and what a round samples."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from reinf.errors import BadInput
+from reinf.training.styles import (BUILTIN_STYLES, MAX_STYLE_CHARS, load_styles, styled_contexts,
+                                   template_tail, with_instruction)
+from tiny import build_tiny_tokenizer
+
+pytestmark = pytest.mark.stack  # see pyproject.toml's markers
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def render(tokenizer, message: str) -> list[int]:
+    from reinf.model.modeling import render_chat
+
+    return render_chat(tokenizer, [], message)
+
+
+# --- the list ---------------------------------------------------------------------------------
+
+def test_null_means_the_builtin_list():
+    assert load_styles(None) == list(BUILTIN_STYLES)
+    assert len(set(BUILTIN_STYLES)) == len(BUILTIN_STYLES) >= 8
+
+
+def test_a_styles_file_is_one_instruction_a_line(tmp_path):
+    f = tmp_path / "styles.txt"
+    f.write_text("# mine\n\nAnswer like a pirate.\n  Use a table.  \n", encoding="utf-8")
+    assert load_styles(str(f)) == ["Answer like a pirate.", "Use a table."]
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "cannot be read"),
+    ("# only a comment\n\n", "has no instructions"),
+    ("x" * (MAX_STYLE_CHARS + 1), "longer than"),
+    (b"\xff\xfe bad", "cannot be read"),
+])
+def test_a_bad_styles_file_names_the_setting_and_the_fix(tmp_path, content, says):
+    f = tmp_path / "styles.txt"
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    elif content is not None:
+        f.write_text(content, encoding="utf-8")
+    with pytest.raises(BadInput, match=says) as err:
+        load_styles(str(f))
+    assert "training.styles_file" in str(err.value) and "null" in err.value.fix
+
+
+# --- the instruction in the prompt -----------------------------------------------------------
+
+def test_the_instruction_lands_at_the_end_of_the_last_user_message(tokenizer):
+    tail = template_tail(tokenizer)
+    assert "assistant" in tokenizer.decode(tail)  # the end of the user turn, the header
+    assert "rain" not in tokenizer.decode(tail)
+    plain = render(tokenizer, "What is rain?")
+    extra = tokenizer.encode("\n\nUse a list.", add_special_tokens=False)
+    styled = with_instruction(plain, extra, tail)
+    # the same text the template gives the message written with the instruction
+    assert tokenizer.decode(styled) == tokenizer.decode(render(tokenizer,
+                                                               "What is rain?\n\nUse a list."))
+    assert styled[:len(plain) - len(tail)] == plain[:len(plain) - len(tail)]
+    assert styled[-len(tail):] == tail
+
+
+def test_a_prompt_that_does_not_end_with_the_template_is_left_alone(tokenizer):
+    tail = template_tail(tokenizer)
+    assert with_instruction([5, 6, 7], [9], tail) is None
+    assert with_instruction(tail, [9], tail) is None  # nothing before the tail
+    assert with_instruction([5, 6], [9], []) is None
+
+
+def test_styled_contexts_keep_the_plain_replies_first_and_draw_no_instruction_twice(tokenizer):
+    prompts = [render(tokenizer, "What is rain?"), render(tokenizer, "How do I boil an egg?")]
+    styles = ["Use a list.", "Be brief.", "Give an example."]
+    contexts, owners, used = styled_contexts(tokenizer, prompts, 4, 2, styles, seed=3,
+                                             limit=10_000)
+    assert owners == [0, 0, 0, 0, 1, 1, 1, 1]
+    for g in (0, 1):
+        mine = [i for i, o in enumerate(owners) if o == g]
+        assert [used[i] for i in mine[:2]] == [None, None]
+        assert [contexts[i] for i in mine[:2]] == [prompts[g]] * 2
+        drawn = [used[i] for i in mine[2:]]
+        assert len(set(drawn)) == 2 and set(drawn) <= set(styles)
+        for i in mine[2:]:
+            assert used[i] in tokenizer.decode(contexts[i])
+            assert len(contexts[i]) > len(prompts[g])
+    # the same seed draws the same instructions; another seed, in general, others
+    assert styled_contexts(tokenizer, prompts, 4, 2, styles, seed=3, limit=10_000)[2] == used
+
+
+def test_more_styled_replies_than_instructions_repeat_them(tokenizer):
+    prompts = [render(tokenizer, "Hi")]
+    _, _, used = styled_contexts(tokenizer, prompts, 3, 3, ["Be brief."], seed=0, limit=10_000)
+    assert used == ["Be brief."] * 3
+
+
+def test_a_styled_context_too_long_for_the_model_is_sampled_plainly(tokenizer):
+    prompts = [render(tokenizer, "Hi")]
+    contexts, _, used = styled_contexts(tokenizer, prompts, 2, 1, ["Be brief."], seed=0,
+                                        limit=len(prompts[0]))
+    assert used == [None, None] and contexts == [prompts[0]] * 2
+
+
+# --- what the round reports ------------------------------------------------------------------
+
+def test_styled_figures_compare_each_styled_reply_with_the_plain_ones_to_its_prompt():
+    from reinf.training.plan import styled_figures
+
+    r = [SimpleNamespace(group=g) for g in (0, 0, 0, 1, 1, 1)]
+    scores = [2.0, 4.0, 5.0, 1.0, 3.0, 1.5]
+    styles = [None, None, "list", None, "list", "brief"]
+    f = styled_figures(r, scores, styles)
+    assert f["styled_rollouts"] == 3
+    # list: 5 - 3 = +2 and 3 - 1 = +2; brief: 1.5 - 1 = +0.5
+    assert f["style_gains"] == {"list": 2.0, "brief": 0.5}
+    assert list(f["style_gains"]) == ["list", "brief"]  # best first
+    assert f["styled_score_gain"] == pytest.approx((2 + 2 + 0.5) / 3)
+    assert styled_figures(r, scores, [None] * 6) == {}
