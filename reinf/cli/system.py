@@ -186,6 +186,10 @@ def _describe_training(t: dict) -> str:
         text += f"; last round: {t['last_mode']} ({t['last_mode_reason']})"
     if t.get("reward_consistency") is not None:
         text += f"; reward consistency (Spearman) {t['reward_consistency']:.2f}"
+    if t.get("favoured_styles") is not None:  # a round with styled rollouts
+        text += "; styles your ratings favour: " + (
+            ", ".join(f"\"{s}\" ({g:+.2f})" for s, g in t["favoured_styles"])
+            or "none above the plain replies")
     return text
 
 

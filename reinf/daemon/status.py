@@ -167,16 +167,27 @@ def _training_status(config: Config, store) -> dict:
     or rated replies only) and why, and the rating model's reward consistency."""
     out: dict[str, Any] = {"method": config.training.method, "last_mode": None,
                            "last_mode_reason": None, "reward_consistency": None,
-                           "rating_model_ratings": None}
+                           "rating_model_ratings": None, "favoured_styles": None}
     for run in store.list_runs(limit=10):
         metrics = run.metrics or {}
         if "mode" in metrics:
             out.update(last_mode=metrics["mode"], last_mode_reason=metrics.get("mode_reason"),
                        reward_consistency=metrics.get("rating_model_consistency"),
                        rating_model_ratings=metrics.get("rating_model_ratings"),
+                       favoured_styles=favoured_styles(metrics.get("style_gains")),
                        run_id=run.id)
             break
     return out
+
+
+def favoured_styles(gains: dict[str, float] | None, top: int = 3) -> list[list] | None:
+    """The styled rollouts' instructions the rating model scored above the plain replies
+    (``style_gains``, training.styled_rollouts), best first, at most ``top``: [[instruction,
+    gain], ...]; None when the round styled nothing."""
+    if not gains:
+        return None
+    ranked = sorted(((s, g) for s, g in gains.items() if g > 0), key=lambda sg: -sg[1])
+    return [[s, round(g, 2)] for s, g in ranked[:top]]
 
 
 def vs_base_status(store, active) -> dict | None:

@@ -263,6 +263,9 @@ def test_a_styled_round_trains_styled_replies_as_answers_to_the_plain_prompt(con
     assert m["mode"] == "rollouts" and m["rollouts"] == 32
     assert m["styled_rollouts"] == 16 and set(m["style_gains"]) <= set(styles)
     assert isinstance(m["styled_score_gain"], float)
+    from reinf.daemon.status import collect_status
+    favoured = collect_status(cfg, store)["training"]["favoured_styles"]
+    assert favoured == [[s, round(g, 2)] for s, g in m["style_gains"].items() if g > 0][:3]
     seen = calls[0]
     assert len(seen) == m["samples"] and {tuple(e[0]) for e in seen} <= rated_prompts
     assert not any("list" in tokenizer.decode(e[0]) for e in seen)  # no instruction in them

@@ -125,3 +125,19 @@ def test_styled_figures_compare_each_styled_reply_with_the_plain_ones_to_its_pro
     assert list(f["style_gains"]) == ["list", "brief"]  # best first
     assert f["styled_score_gain"] == pytest.approx((2 + 2 + 0.5) / 3)
     assert styled_figures(r, scores, [None] * 6) == {}
+
+
+def test_reinf_status_names_the_styles_the_ratings_favour():
+    from reinf.cli.system import _describe_training
+    from reinf.daemon.status import favoured_styles
+
+    gains = {"Use a list.": 0.4, "Be brief.": -0.2, "Give an example.": 0.1, "Be warm.": 0.05,
+             "Use steps.": 0.3}
+    assert favoured_styles(gains) == [["Use a list.", 0.4], ["Use steps.", 0.3],
+                                      ["Give an example.", 0.1]]
+    assert favoured_styles(None) is None and favoured_styles({"Be brief.": -1.0}) == []
+    line = _describe_training({"method": "rollouts", "favoured_styles": favoured_styles(gains)})
+    assert 'styles your ratings favour: "Use a list." (+0.40), "Use steps." (+0.30)' in line
+    none = _describe_training({"method": "rollouts", "favoured_styles": []})
+    assert "none above the plain replies" in none
+    assert "styles" not in _describe_training({"method": "rollouts", "favoured_styles": None})
