@@ -29,6 +29,13 @@ noise, by asking how the round changed the probabilities of replies it never saw
      to the base; **ESS** (effective sample size over replies per prompt, 1.0 = all alike)
      says how close.
 
+4. With ``resample`` (``--resample``), the held-out prompts answered afresh by the round's
+   adapter, with the same sampler, settings and seed, and rated: **resampled change**, the
+   mean rating of those replies minus the base's. It costs a sampling pass an arm, and it
+   sees what the estimate cannot: replies the base almost never writes (the estimate
+   reweights the base's own replies, so a style none of them has is invisible to it). It is
+   noisier, a few dozen replies' mean.
+
 One round from the base after ``ratings`` ratings is the first step of a learning run, not
 its whole story: later rounds start from an adapter and a policy whose replies differ.
 """
@@ -123,8 +130,11 @@ def split_arm(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
 def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dict[str, Any]]],
                     *, ratings: int = PLAN["ratings"], prompts: int = PLAN["prompts"],
                     replies: int = PLAN["replies"], seed: int = PLAN["seed"],
+                    resample: bool = False,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The report (module docstring): ``{"model", ..., "raters": {name: {arm: figures}}}``."""
+    """The report (module docstring): ``{"model", ..., "raters": {name: {arm: figures}}}``.
+    With ``resample``, each round's adapter also answers the held-out prompts afresh (module
+    docstring, 4.)."""
     import torch
 
     from reinf.bench.generation import machine
@@ -166,7 +176,7 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
             if r.reply_ids]
     report: dict[str, Any] = {
         "model": loaded.name, "machine": machine(), "ratings": ratings, "prompts": prompts,
-        "replies_per_prompt": replies, "replies": len(held), "seed": seed,
+        "replies_per_prompt": replies, "replies": len(held), "seed": seed, "resample": resample,
         "temperature": g.temperature, "max_new_tokens": max_new,
         "arms": {name: overrides for name, overrides in arms},
         "sample_seconds": round(time.perf_counter() - started, 1), "raters": {}}
@@ -195,6 +205,16 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                                           temperature=g.temperature,
                                           batch_size=config.ppo.batch_size)
                     figures.update(judge_round(held, scores, deltas))
+                    if resample:
+                        fresh = resample_round(model, tokenizer, ids, replies, path,
+                                               outcome.checkpoint_id, seed=seed,
+                                               temperature=g.temperature, top_p=g.top_p,
+                                               max_new_tokens=max_new,
+                                               batch_size=t.rollout_batch_size)
+                        mean = statistics.fmean(rater(held_texts[r.group], r.text)
+                                                for r in fresh)
+                        figures.update(resampled_mean=round(mean, 3),
+                                       resampled_change=round(mean - out["held_out_mean"], 3))
                 else:
                     figures["message"] = outcome.message
             out[arm] = figures
@@ -261,6 +281,26 @@ def round_deltas(model, held, path: Path, checkpoint_id: str, *, temperature: fl
         return ((new - base) * b.mask).sum(1).tolist()
     finally:
         peft.unload()  # the LoRA layers out again: the next arm starts from the bare base
+
+
+def resample_round(model, tokenizer, ids, replies: int, path: Path, checkpoint_id: str, *,
+                   seed: int, temperature: float, top_p: float, max_new_tokens: int,
+                   batch_size: int) -> list:
+    """``replies`` fresh replies to each of the prompts ``ids`` from the round's adapter on
+    ``model``, with the sampler, settings and seed the held-out replies were drawn with (so
+    where the adapter changed nothing, the replies are the same). ``model`` is left as it
+    was."""
+    from reinf.model.adapters import load_adapter
+    from reinf.training.rollouts import sample_rollouts
+
+    peft = load_adapter(model, path, checkpoint_id)
+    try:
+        return [r for r in sample_rollouts(peft, tokenizer, ids, replies,
+                                           temperature=temperature, top_p=top_p,
+                                           max_new_tokens=max_new_tokens, seed=seed,
+                                           batch_size=batch_size) if r.reply_ids]
+    finally:
+        peft.unload()
 
 
 def judge_round(held, scores: Sequence[float], deltas: Sequence[float]) -> dict[str, Any]:
@@ -339,7 +379,8 @@ def format_round_study(report: dict) -> str:
              f"{report['sample_seconds']:.0f} s), seed {report['seed']}",
              f"  machine: {report['machine']}", "",
              f"  {'rater':<{width}} {'arm':<12} {'mode':<9} {'rm rho':>6} {'pairwise':>8} "
-             f"{'pairs':>5} {'est. change':>11} {'ESS':>5} {'KL':>7} {'seconds':>7}"]
+             f"{'pairs':>5} {'est. change':>11} {'ESS':>5} {'KL':>7} {'seconds':>7}"
+             + (f" {'resampled':>9}" if report.get("resample") else "")]
     for name, r in report["raters"].items():
         label = name + ("" if r["unseen"] else " *")
         for arm in report["arms"]:
@@ -352,12 +393,16 @@ def format_round_study(report: dict) -> str:
                 lines.append(
                     f"  {label:<{width}} {arm:<12} {f.get('mode', '?'):<9} {fmt(rho):>6} "
                     f"{fmt(f['pairwise']):>8} {f['pairs']:>5} {f['estimated_change']:>+11.3f} "
-                    f"{f['ess']:>5.2f} {kl_text(f.get('kl')):>7} {f['seconds']:>7.0f}")
+                    f"{f['ess']:>5.2f} {kl_text(f.get('kl')):>7} {f['seconds']:>7.0f}"
+                    + (f" {f['resampled_change']:>+9.3f}" if "resampled_change" in f else ""))
             label = ""
     lines += ["", "  pairwise: of the held-out pairs of replies to one prompt the rater scores "
                   "differently, the share whose better reply the round made relatively more "
                   "likely (0.50 = no direction); est. change: the new policy's mean rating "
                   "on those prompts minus the base's, by importance weighting (ESS near 1: "
                   "reliable); rm rho: the rating model's cross-validated Spearman (the trust "
-                  "gate's figure); * = a rater used to choose defaults"]
+                  "gate's figure); * = a rater used to choose defaults"
+              + ("; resampled: the mean rating of the held-out prompts answered afresh by "
+                 "the round's adapter (same sampler and seed) minus the base's"
+                 if report.get("resample") else "")]
     return "\n".join(lines)

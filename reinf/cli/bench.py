@@ -361,9 +361,14 @@ def _expand_raters(raters: str) -> list[str]:
               help="Seed of the prompts and the sampling.")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch CPU threads [default: schedule.train_threads, else torch's own].")
+@click.option("--resample", is_flag=True,
+              help="Also answer the held-out prompts afresh with each round's adapter and "
+                   "rate the replies (a sampling pass an arm): sees replies the base "
+                   "almost never writes, which the estimate cannot.")
 @json_option
 @click.pass_obj
-def round_(app, raters, arms, model_path, ratings, prompts, replies, seed, threads, as_json):
+def round_(app, raters, arms, model_path, ratings, prompts, replies, seed, threads, resample,
+           as_json):
     """Which way one training round moves the model, in minutes instead of a learning run's hours.
 
     For each rater and arm: --ratings replies of the model rated, one real round, then the
@@ -386,7 +391,7 @@ def round_(app, raters, arms, model_path, ratings, prompts, replies, seed, threa
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _threads(threads, config)
     report = run_round_study(config, _expand_raters(raters), chosen, ratings=ratings,
-                             prompts=prompts, replies=replies, seed=seed)
+                             prompts=prompts, replies=replies, seed=seed, resample=resample)
     emit(report, as_json, lambda r: click.echo(format_round_study(r)))
 
 

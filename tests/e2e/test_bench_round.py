@@ -43,6 +43,33 @@ def test_each_arm_is_one_real_round_judged_on_held_out_replies(invoke):
         assert r["again"][key] == pytest.approx(r["rollouts"][key], abs=1e-3), key
 
 
+def test_resample_answers_the_held_out_prompts_afresh_with_each_rounds_adapter(invoke):
+    """``--resample``: the held-out prompts answered again by the round's adapter (same
+    sampler and seed) and rated. A round that learnt terseness raises that mean; an adapter
+    that did not move samples the base's very replies, so its change is 0. The styled arm
+    reports its styled rollouts."""
+    result = invoke("bench", "round", "--model", "reinf-demo", "--rater", "prefers-terse",
+                    "--ratings", "16", "--prompts", "8", "--replies", "4", "--arm", "rollouts",
+                    "--arm", "slow:learning_rate=1e-9", "--arm", "styled", "--threads", "1",
+                    "--resample", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["resample"] is True
+    r = report["raters"]["prefers-terse"]
+    for arm in ("rollouts", "slow", "styled"):
+        f = r[arm]
+        assert f["resampled_change"] == pytest.approx(f["resampled_mean"] - r["held_out_mean"],
+                                                      abs=2e-3)
+    assert r["rollouts"]["resampled_change"] > 0.1
+    assert r["slow"]["resampled_change"] == 0
+    assert r["styled"]["styled_rollouts"] > 0 and r["styled"]["mode"] == "rollouts"
+    text = invoke("bench", "round", "--model", "reinf-demo", "--rater", "prefers-terse",
+                  "--ratings", "8", "--prompts", "4", "--replies", "2", "--arm", "rated",
+                  "--threads", "1", "--resample")
+    assert text.exit_code == 0, text.output
+    assert "resampled" in text.stdout
+
+
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason="the KTO arms need TRL (the bench extra)")
 def test_the_baselines_and_the_first_version_are_arms_on_the_same_ratings(invoke):
