@@ -339,6 +339,8 @@ def describe(f: dict[str, Any]) -> str:
             + f", pairwise {fmt(f['pairwise'])} of {f['pairs']} pairs, "
             f"estimated change {f['estimated_change']:+.3f} (ESS {f['ess']:.2f}), mean |Δ| "
             f"{f['mean_abs_delta']:.3f}, KL {kl_text(f.get('kl'))}, {f['seconds']:.0f} s"
+            + (f", resampled change {f['resampled_change']:+.3f}"
+               if "resampled_change" in f else "")
             + steps_text(f) + passes_text(f.get("iterations")))
 
 
