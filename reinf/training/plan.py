@@ -151,18 +151,15 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
             tokenizer, prompts, t.rollouts_per_prompt, styled, load_styles(t.styles_file),
             seed=seed, limit=session.context_limit - max_new)
     else:
-        contexts, owners, styles = prompts, list(range(len(prompts))), [None] * len(prompts)
+        contexts, owners, styles = prompts, [], []
     rollouts = sample_rollouts(
         session.policy.model, tokenizer, contexts, 1 if styled else t.rollouts_per_prompt,
         temperature=g.temperature, top_p=g.top_p, max_new_tokens=max_new, seed=seed,
         batch_size=t.rollout_batch_size,
         progress=lambda done, n: report({"stage": "rollouts", "done": done, "total": n}))
-    if styled:
-        for r in rollouts:
-            r.group = owners[r.group]
-            r.prompt_ids = list(prompts[r.group])
-    else:
-        styles = [None] * len(rollouts)
+    for r in rollouts if styled else ():  # each styled reply back under its plain prompt
+        r.group = owners[r.group]
+        r.prompt_ids = list(prompts[r.group])
     sampled = time.perf_counter()
     features = reply_features(session.policy.model, [(r.prompt_ids, r.reply_ids) for r in rollouts],
                               batch_size=config.ppo.batch_size * 2)
@@ -200,10 +197,11 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
 def styled_figures(rollouts, predicted: list[float], styles: list[str | None]
                    ) -> dict[str, Any]:
     """How the rating model scored the styled replies against the plain ones to the same
-    prompts: ``styled_rollouts`` (how many), ``styled_score_gain`` (the mean over prompts
-    with both of styled minus plain predicted score; above 0, the round pushes towards the
-    styles) and ``style_gains`` (the same per instruction, best first). Empty when no reply
-    was styled."""
+    prompts: ``styled_rollouts`` (how many), ``styled_score_gain`` (the mean, over the styled
+    replies, of each one's predicted score minus the mean of the plain replies to its
+    prompt; above 0, the round pushes towards the styles) and ``style_gains`` (the same per
+    instruction, best first). Empty when no reply was styled (``styles``: one instruction
+    or None per rollout; empty when the round styled nothing)."""
     if not any(styles):
         return {}
     plain: dict[int, list[float]] = {}

@@ -105,8 +105,8 @@ def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled:
     """What to sample, one reply each, for ``k`` replies to each of ``prompts`` of which
     ``styled`` carry an instruction: (contexts, the prompt each belongs to, its instruction
     or None). Instructions are drawn with ``seed``, without repeats within a prompt while
-    the list lasts. A prompt the template cannot be read in, or whose styled context plus
-    ``limit`` new tokens would not fit, is sampled plainly."""
+    the list lasts. A prompt the template cannot be read in, or whose styled context is
+    longer than ``limit`` tokens (the room left for a reply), is sampled plainly."""
     rng = random.Random(f"{seed}-styles")
     tail = template_tail(tokenizer)
     encoded = {s: tokenizer.encode("\n\n" + s, add_special_tokens=False) for s in styles}

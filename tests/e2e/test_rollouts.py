@@ -205,6 +205,15 @@ def style_pairs(n: int = 12):
     return pairs[:n]
 
 
+def active_margin(store, tokenizer, pairs) -> float:
+    """``style_margin`` of the demo model with the store's active adapter."""
+    from reinf.catalog import PROJECT_ROOT
+
+    tuned = tk.load_policy(PROJECT_ROOT / "models" / "reinf-demo",
+                           store.active_checkpoint().path)
+    return style_margin(tuned, tokenizer, pairs)
+
+
 def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
     from reinf.training.trainer import train_round
 
@@ -226,9 +235,7 @@ def test_a_rollout_round_moves_the_policy_toward_the_preference(config, store):
     assert (tk.lora_vector(active.path).abs() > 0).any()  # LoRA B starts at zero: it moved
     from reinf.training.checkpoints import load_rating_model
     assert load_rating_model(active.path) is not None
-    from reinf.catalog import PROJECT_ROOT
-    tuned = tk.load_policy(PROJECT_ROOT / "models" / "reinf-demo", active.path)
-    after = style_margin(tuned, tokenizer, pairs)
+    after = active_margin(store, tokenizer, pairs)
     assert after > before + 0.05, (before, after)  # terse replies: relatively more likely
 
 
@@ -269,12 +276,9 @@ def test_a_styled_round_trains_styled_replies_as_answers_to_the_plain_prompt(con
     seen = calls[0]
     assert len(seen) == m["samples"] and {tuple(e[0]) for e in seen} <= rated_prompts
     assert not any("list" in tokenizer.decode(e[0]) for e in seen)  # no instruction in them
-    from reinf.catalog import PROJECT_ROOT
-    tuned = tk.load_policy(PROJECT_ROOT / "models" / "reinf-demo",
-                           store.active_checkpoint().path)
     # the demo model ignores instructions, so half its replies come from prompts it never
     # saw: the push is weaker than a plain round's (+0.02 here, against > +0.05), not wrong
-    assert style_margin(tuned, tokenizer, pairs) > before + 0.01
+    assert active_margin(store, tokenizer, pairs) > before + 0.01
 
 
 def test_an_iterated_round_samples_again_where_its_last_pass_left_the_adapter(config, store,
