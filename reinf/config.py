@@ -110,6 +110,12 @@ class GenerationConfig:
                               "checkpoint keeps the one it scores highest (pessimistic score); "
                               "1 = off. Costs about N replies' compute in one batch, and the "
                               "reply appears when all are done (no token streaming)", min=1, max=8)
+    explore_styles: float = setting(0.0, "share of replies asked for in a style (a hidden "
+                                         "instruction from training.styles_file appended to "
+                                         "your message: a list, one sentence, an example, "
+                                         "...), so your ratings and picks show which ways of "
+                                         "answering you like; 0 = off (docs/training.md, "
+                                         "\"Exploring styles\")", min=0.0, max=1.0)
 
 
 @dataclass(frozen=True)
@@ -208,8 +214,9 @@ class TrainingConfig:
                                       "model towards ways of answering it seldom picks; 0 = "
                                       "off (docs/training.md, \"Styled rollouts\")",
                                    min=0, max=64)
-    styles_file: str | None = setting(None, "style instructions for styled_rollouts, one a "
-                                            "line in a text file; null = the built-in list")
+    styles_file: str | None = setting(None, "style instructions for styled_rollouts and "
+                                            "explore_styles, one a line in a text file; null = "
+                                            "the built-in list")
     min_ratings: int = setting(8, "ratings needed before the rating model may score rollouts",
                                min=2)
     min_consistency: float = setting(0.3, "cross-validated Spearman the rating model needs; "

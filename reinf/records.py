@@ -82,7 +82,8 @@ class TurnRecord:
                "rating": self.rating.to_dict() if self.rating else None,
                "system_prompt": self.system_prompt, "picked": self.picked,
                "alternatives": self.alternatives,
-               "rewrite": self.rewrite.to_dict() if self.rewrite else None}
+               "rewrite": self.rewrite.to_dict() if self.rewrite else None,
+               "style": self.gen_params.get("style")}
         if tokens:
             out.update(prompt_ids=self.prompt_ids, reply_ids=self.reply_ids,
                        logprobs=self.logprobs, gen_params=self.gen_params)
@@ -171,6 +172,10 @@ class Sample:
     # True for the reply the person wrote for the turn (reinf.training.rewrites): ``response``
     # and ``reply_ids`` are the rewrite's, ``score`` the rating it stands for.
     rewrite: bool = False
+    # True for a reply served in a style (generation.explore_styles): sampled from the prompt
+    # with an instruction, so ``logprobs`` are not the plain prompt's and PPO takes the
+    # round-start pass as its behaviour policy, as for a styled rollout.
+    styled: bool = False
 
 
 @dataclass(frozen=True)

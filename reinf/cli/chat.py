@@ -104,6 +104,8 @@ def local_backend(app, *, quiet: bool = False):
 
     _quiet_libraries(app.debug)
     store = app.store  # opened (and migrated) before the slow model load
+    from reinf.serving.chat import exploring_styles
+    exploring_styles(app.config)  # a bad styles file, before it too
     if not quiet:
         click.echo(f"loading {resolve_model_path(app.config)} …", err=True)
     engine = Engine.load(app.config)

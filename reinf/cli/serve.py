@@ -40,7 +40,9 @@ def serve(app, host, port, no_train):
     try:
         check_port(config.server.host, config.server.port)  # before the slow model load
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bars in the log
-        from reinf.serving.chat import ChatService  # torch and transformers: after the quick checks
+        # torch and transformers: after the quick checks
+        from reinf.serving.chat import ChatService, exploring_styles
+        exploring_styles(config)  # a bad styles file stops start-up before the model load
         from reinf.catalog import resolve_model_path
         from reinf.config import hidden_model_defaults_note
         from reinf.serving.engine import Engine

@@ -58,6 +58,8 @@ class ChatStream:
         self.context_turn_ids: list[int] = []  # the earlier turns in its prompt
         self.slot: int | None = None  # an alternative's index (None: a new turn)
         self.picked = True            # an alternative becomes the picked one
+        self.style: str | None = None  # the instruction it was asked for in (explore_styles)
+        self.plain_prompt_ids: list[int] | None = None  # the prompt without it
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._reply_stream)
@@ -106,7 +108,8 @@ class ChatStream:
                 self._turn = self._service.store_reply(
                     self.conversation_id, self.message, reply,
                     context_turn_ids=self.context_turn_ids, slot=self.slot,
-                    picked=self.picked, stream_id=self.stream_id)
+                    picked=self.picked, stream_id=self.stream_id, style=self.style,
+                    plain_prompt_ids=self.plain_prompt_ids)
         finally:
             self._service._release(self.conversation_id)
 
@@ -132,6 +135,17 @@ def keep_shown(shown: str, text: str, reply_ids, logprobs,
     return shown, list(reply_ids[:kept]), list(logprobs[:kept])
 
 
+def exploring_styles(config: Config) -> list[str]:
+    """The instructions ``explore_styles`` draws from (none when it is off); BadInput naming
+    ``training.styles_file`` when that file cannot be used. The CLI calls it before the
+    model loads, so a bad file stops start-up at once."""
+    if config.generation.explore_styles <= 0:
+        return []
+    from reinf.training.styles import load_styles
+
+    return load_styles(config.training.styles_file)
+
+
 class ChatService:
     def __init__(self, engine, store, config: Config):
         self.engine = engine
@@ -139,6 +153,25 @@ class ChatService:
         self.config = config
         self._locks: dict[int, threading.Lock] = {}  # one per conversation with a reply running
         self._locks_guard = threading.Lock()
+        self._explorer = None  # reinf.training.styles.Explorer, made at the first reply
+        self._styles = exploring_styles(config)
+
+    def explore(self, prompt_ids: list[int], params: dict[str, Any], key: str = ""
+                ) -> tuple[list[int], str | None]:
+        """The ids a reply to ``prompt_ids`` is sampled from, and the style instruction they
+        carry (None: the prompt as it is). With ``generation.explore_styles`` above 0, that
+        share of replies is asked for in a style (reinf.training.styles.Explorer); the reply
+        is stored under ``prompt_ids`` all the same (``store_reply``)."""
+        if self.config.generation.explore_styles <= 0:
+            return prompt_ids, None
+        if self._explorer is None:
+            from reinf.training.styles import Explorer
+            self._explorer = Explorer(self.engine.tokenizer, self._styles,
+                                      self.config.generation.explore_styles)
+        limit = getattr(self.engine, "context_limit", None)
+        return self._explorer.draw(prompt_ids, seed=params.get("seed"), key=key,
+                                   limit=None if limit is None else
+                                   limit - params["max_new_tokens"])
 
     def cut_to_shown(self, turn_id: int, shown: str) -> TurnRecord | None:
         """Keep of a stored reply only the tokens whose text is ``shown`` (what the person
@@ -242,13 +275,23 @@ class ChatService:
                 self.store.update_conversation(conversation_id, system_prompt=system)
             chat = ChatStream(self, conversation_id, message, stream_id)
             chat.context_turn_ids = context_ids  # a forget meanwhile marks the new turn
-            chat._reply_stream = self.engine.stream_prompt(prompt_ids, params,
+            sampled_ids = self._explore_into(chat, prompt_ids, params)
+            chat._reply_stream = self.engine.stream_prompt(sampled_ids, params,
                                                            on_finish=chat._store)
         except BaseException:
             if conversation_id is not None:
                 self._release(conversation_id)
             raise
         return chat
+
+    def _explore_into(self, chat: ChatStream, prompt_ids: list[int], params: dict[str, Any],
+                      key: str = "") -> list[int]:
+        """``explore`` for a streamed reply: the ids to sample, with the style and the plain
+        prompt noted on ``chat`` for storing."""
+        sampled_ids, style = self.explore(prompt_ids, params, key)
+        if style is not None:
+            chat.style, chat.plain_prompt_ids = style, list(prompt_ids)
+        return sampled_ids
 
     def send(self, message: str, conversation_id: int | None = None,
              **generation: Any) -> TurnRecord:
@@ -269,25 +312,35 @@ class ChatService:
         system = check_system_prompt(self.config.generation.system_prompt)
         prompts = [self.engine.build_prompt([], m, max_new_tokens=params["max_new_tokens"],
                                             system=system) for m in messages]
-        replies = self.engine.replies(prompts, params)
+        drawn = [self.explore(p, params, key=str(i)) for i, p in enumerate(prompts)]
+        replies = self.engine.replies([ids for ids, _ in drawn], params)
         turns = []
-        for message, reply in zip(messages, replies):
+        for message, prompt, (_, style), reply in zip(messages, prompts, drawn, replies):
             conversation_id = self.store.create_conversation(system_prompt=system).id
-            turns.append(self.store_reply(conversation_id, message, reply))
+            turns.append(self.store_reply(conversation_id, message, reply, style=style,
+                                          plain_prompt_ids=prompt))
         return turns
 
     def store_reply(self, conversation_id: int, message: str, reply, *,
                     context_turn_ids: list[int] | None = None, slot: int | None = None,
-                    picked: bool = True, stream_id: str | None = None) -> TurnRecord:
+                    picked: bool = True, stream_id: str | None = None,
+                    style: str | None = None,
+                    plain_prompt_ids: list[int] | None = None) -> TurnRecord:
         """Store an engine Reply to ``message`` as the conversation's next turn (or, with
         ``slot``, an alternative there). ``stream_id``: a client's streamed completion id,
-        kept so that the turn is found by it later."""
+        kept so that the turn is found by it later. ``style``: the instruction the reply was
+        asked for in (``explore``); it is kept in ``gen_params`` and the turn stores
+        ``plain_prompt_ids``, the prompt of the message the person wrote."""
         gen_params = dict(reply.gen_params)
         if stream_id:
             gen_params["stream_id"] = stream_id
+        prompt_ids = reply.prompt_ids
+        if style is not None:
+            gen_params["style"] = style
+            prompt_ids = plain_prompt_ids
         return self.store.append_turn(
             conversation_id, message, reply.text,
-            prompt_ids=reply.prompt_ids, reply_ids=reply.reply_ids,
+            prompt_ids=prompt_ids, reply_ids=reply.reply_ids,
             logprobs=reply.logprobs, checkpoint_id=reply.checkpoint_id,
             model=model_display_name(self.engine.model_name), gen_params=gen_params,
             ttft_ms=reply.ttft_ms, latency_ms=reply.latency_ms,
@@ -310,7 +363,8 @@ class ChatService:
             chat = ChatStream(self, conversation_id, turn.user_message, stream_id)
             chat.context_turn_ids = [t.id for t in context]
             chat.slot, chat.picked = turn.index, picked
-            chat._reply_stream = self.engine.stream_prompt(prompt_ids, params,
+            sampled_ids = self._explore_into(chat, prompt_ids, params, key=f"again-{turn_id}")
+            chat._reply_stream = self.engine.stream_prompt(sampled_ids, params,
                                                            on_finish=chat._store)
         except BaseException:
             self._release(conversation_id)
@@ -333,10 +387,14 @@ class ChatService:
         self._acquire(turn.conversation_id)
         try:
             context, prompt_ids = self._again_prompt(turn, params)
-            replies = self.engine.replies([prompt_ids] * count, params)
+            drawn = [self.explore(prompt_ids, params, key=f"alt-{turn_id}-{i}")
+                     for i in range(count)]
+            replies = self.engine.replies([ids for ids, _ in drawn], params)
             return [self.store_reply(turn.conversation_id, turn.user_message, reply,
                                      context_turn_ids=[t.id for t in context],
-                                     slot=turn.index, picked=False) for reply in replies]
+                                     slot=turn.index, picked=False, style=style,
+                                     plain_prompt_ids=prompt_ids)
+                    for reply, (_, style) in zip(replies, drawn)]
         finally:
             self._release(turn.conversation_id)
 

@@ -700,7 +700,8 @@ class Store:
                 score=rating.score, tags=list(rating.tags), comment=rating.comment,
                 critical=rating.critical, rated_at=rating.updated_at,
                 created_at=turn.created_at,
-                temperature=float((turn.gen_params or {}).get("temperature", 1.0))))
+                temperature=float((turn.gen_params or {}).get("temperature", 1.0)),
+                styled=bool((turn.gen_params or {}).get("style"))))
         return samples
 
     def ratings_waiting(self) -> int:

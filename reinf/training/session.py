@@ -302,7 +302,9 @@ def select_episodes(session: Session, kept, used: list | None = None
         elif not sample.temperature > 0:
             skipped["bad_temperature"] += 1
         else:
-            episodes.append((sample.prompt_ids, sample.reply_ids, sample.logprobs,
+            # a reply served in a style: its log-probs are of the styled prompt, not this one
+            logprobs = None if sample.styled else sample.logprobs
+            episodes.append((sample.prompt_ids, sample.reply_ids, logprobs,
                              sample.temperature, row.reward, row.weight))
             if used is not None:
                 used.append(sample)

@@ -17,6 +17,12 @@ up to the chat template's closing tokens (``template_tail``), the instruction's 
 the tail. A prompt that does not end with the tail (a template this cannot read) is sampled
 plainly. The built-in list covers common axes of reply style and is not tuned on any rater;
 a person can give their own (``training.styles_file``, one instruction a line).
+
+**Exploring styles** (``generation.explore_styles``, ``Explorer``): the same splice for a
+share of the *served* replies, so the person's ratings see the styles at all. The chat
+service stores such a reply under the plain prompt, with the instruction in its
+``gen_params``; PPO reads it with the round-start pass as its behaviour policy
+(``Sample.styled``).
 """
 from __future__ import annotations
 
@@ -99,6 +105,46 @@ def with_instruction(prompt_ids: Sequence[int], instruction_ids: Sequence[int],
     return list(prompt_ids[:-n]) + list(instruction_ids) + list(tail)
 
 
+def instruction_ids(tokenizer, style: str) -> list[int]:
+    """The ids an instruction adds to the end of a user message: a blank line, then it."""
+    return tokenizer.encode("\n\n" + style, add_special_tokens=False)
+
+
+class Explorer:
+    """``generation.explore_styles``: which served replies are asked for in a style.
+
+    ``draw`` decides for one reply: with probability ``share`` the prompt's ids get an
+    instruction from ``styles`` at the end of the last user message (as a styled rollout's
+    do); otherwise, or where the template cannot be read or the styled prompt would not
+    fit in ``limit`` tokens, the prompt is sampled as it is. A ``seed`` makes the draw
+    repeatable (``key`` tells apart the replies of one seeded call); without one it comes
+    from the explorer's own random stream. The chat service stores the reply under the
+    plain prompt, with the instruction in its ``gen_params``, so the person's rating of it
+    is a rating of an answer to what they wrote."""
+
+    def __init__(self, tokenizer, styles: Sequence[str], share: float):
+        self.tokenizer = tokenizer
+        self.styles = list(styles)
+        self.share = float(share)
+        self._tail: list[int] | None = None
+        self._rng = random.Random()
+
+    def draw(self, prompt_ids: Sequence[int], *, limit: int | None = None,
+             seed: int | None = None, key: str = "") -> tuple[list[int], str | None]:
+        """(the ids to sample from, the instruction or None)."""
+        plain = list(prompt_ids)
+        rng = self._rng if seed is None else random.Random(f"{seed}-explore-{key}")
+        if not self.styles or rng.random() >= self.share:
+            return plain, None
+        style = rng.choice(self.styles)
+        if self._tail is None:
+            self._tail = template_tail(self.tokenizer)
+        styled = with_instruction(plain, instruction_ids(self.tokenizer, style), self._tail)
+        if styled is None or (limit is not None and len(styled) > limit):
+            return plain, None
+        return styled, style
+
+
 def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled: int,
                     styles: Sequence[str], *, seed: int, limit: int
                     ) -> tuple[list[list[int]], list[int], list[str | None]]:
@@ -109,7 +155,7 @@ def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled:
     longer than ``limit`` tokens (the room left for a reply), is sampled plainly."""
     rng = random.Random(f"{seed}-styles")
     tail = template_tail(tokenizer)
-    encoded = {s: tokenizer.encode("\n\n" + s, add_special_tokens=False) for s in styles}
+    encoded = {s: instruction_ids(tokenizer, s) for s in styles}
     contexts, owners, used = [], [], []
     for g, prompt in enumerate(prompts):
         drawn = rng.sample(list(styles), min(styled, len(styles)))

@@ -75,6 +75,30 @@ def test_streamed_reply_is_stored_with_its_tokens(server, store):
     assert row["rating"]["score"] == 5 and row["reward"] > 0
 
 
+def test_an_explored_reply_names_its_style_in_the_stream_and_the_turn(engine, config, store,
+                                                                     build_daemon):
+    """``explore_styles`` 1: every reply is asked for in a style; the stream's ``done`` and
+    the stored turn name it, and the turn keeps the plain prompt."""
+    from reinf.serving.chat import ChatService
+    from reinf.training.styles import BUILTIN_STYLES
+    from webui import create_app
+    from webui.server import BackgroundServer
+
+    cfg = config.replace(model_path=engine.config.model.model_path, max_new_tokens=24,
+                         explore_styles=1.0)
+    app = create_app(cfg, store=store, chat=ChatService(engine, store, cfg), engine=engine,
+                     daemon=build_daemon(engine, config=cfg))
+    with BackgroundServer(app) as server:
+        r = requests.post(server.url + "/api/chat", json={"message": "Hello, how are you?",
+                                                          "stream": True}, timeout=60)
+        done = sse_events(r.text)[-1][1]
+        turn = requests.get(f"{server.url}/api/turns/{done['turn_id']}", timeout=10).json()
+    assert done["style"] in BUILTIN_STYLES and turn["style"] == done["style"]
+    stored = store.get_turn(done["turn_id"])
+    assert stored.prompt_ids == engine.build_prompt([], "Hello, how are you?",
+                                                    max_new_tokens=24)
+
+
 def test_openai_client_with_the_real_engine(server, store):
     import openai
 
@@ -182,6 +206,19 @@ def test_reinf_serve_refuses_an_open_host_without_a_token(home, tiny_model):
     assert out.returncode == 1
     assert "auth_token" in out.stderr and "Traceback" not in out.stderr
     assert os.environ.get("REINF_AUTH_TOKEN") is None
+
+
+def test_reinf_serve_names_a_bad_styles_file_when_exploring(home, tiny_model, tmp_path):
+    env = clean_env(home, REINF_MODEL_PATH=str(tiny_model), REINF_EXPLORE_STYLES="0.5",
+                    REINF_TRAINING_STYLES_FILE=str(tmp_path / "missing.txt"))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "reinf", "serve", "--port", str(port)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "training.styles_file" in out.stderr and "Traceback" not in out.stderr
+    assert "loading" not in out.stderr  # found before the slow model load
 
 
 def test_reinf_serve_reports_a_busy_port_before_loading_the_model(home, tiny_model):

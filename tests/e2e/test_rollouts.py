@@ -281,6 +281,51 @@ def test_a_styled_round_trains_styled_replies_as_answers_to_the_plain_prompt(con
     assert active_margin(store, tokenizer, pairs) > before + 0.01
 
 
+def test_replies_served_in_a_style_are_rated_and_trained_as_answers_to_the_plain_prompt(
+        config, store, monkeypatch):
+    """``explore_styles``: half the served replies (one batch, ``send_many``, through the
+    real engine) are asked for in a style; each is stored under the prompt as the person
+    wrote it, and the round's PPO batch takes them with no stored log-probs (their behaviour
+    policy is the round-start pass, as for a rollout), and the round still moves the policy
+    the person's way."""
+    import reinf.training.ppo as ppo
+    from reinf.demo.corpus import sample_prompts
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.training.trainer import train_round
+
+    cfg = config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
+                         explore_styles=0.5, learning_rate=2e-3, ppo_epochs=4, seed=0)
+    engine = Engine.load(cfg)
+    chat = ChatService(engine, store, cfg)
+    turns = chat.send_many(sample_prompts(0, 24), seed=0)
+    styled = {t.id for t in turns if t.gen_params.get("style")}
+    assert 4 <= len(styled) <= 20
+    for t in turns:
+        assert t.prompt_ids == engine.build_prompt([], t.user_message)
+        assert len(t.logprobs) == len(t.reply_ids)
+        store.rate(t.id, 5 if terse(t.reply) else 1)
+    calls: list[list[tuple]] = []
+    build = ppo.build_rollout
+    monkeypatch.setattr(ppo, "build_rollout",
+                        lambda episodes, *a, **kw: (calls.append(list(episodes)),
+                                                    build(episodes, *a, **kw))[1])
+    model, tokenizer = demo_model()
+    pairs = style_pairs()
+    before = style_margin(model, tokenizer, pairs)
+    result = train_round(cfg, store)
+    assert result.status == "succeeded", result.message
+    by_reply = {(tuple(t.prompt_ids), tuple(t.reply_ids)): t.id for t in turns}
+    stored: dict[int, set[bool]] = {}  # turn id -> "had stored log-probs" of its episodes
+    for e in calls[0]:  # (a fresh rollout may repeat a rated reply: it has None too)
+        if (key := (tuple(e[0]), tuple(e[1]))) in by_reply:
+            stored.setdefault(by_reply[key], set()).add(e[2] is not None)
+    assert set(stored) & styled and set(stored) - styled
+    assert all(stored[i] == {False} for i in set(stored) & styled)
+    assert all(True in stored[i] for i in set(stored) - styled)
+    assert active_margin(store, tokenizer, pairs) > before + 0.02
+
+
 def test_an_iterated_round_samples_again_where_its_last_pass_left_the_adapter(config, store,
                                                                               tmp_path):
     """``training.rollout_iterations``: the same round, same ratings and rating model, run

@@ -62,6 +62,46 @@ def service(config, store):
     return ChatService(ScriptedEngine(config), store, config)
 
 
+# --- exploring styles (generation.explore_styles) --------------------------------------------
+
+def test_an_explored_reply_is_asked_for_in_a_style_and_stored_under_the_plain_prompt(config,
+                                                                                   store):
+    from reinf.training.styles import BUILTIN_STYLES
+
+    engine = ScriptedEngine(config)
+    service = ChatService(engine, store, config.replace(explore_styles=1.0))
+    turn = service.send("What is the weather?", seed=3)
+    plain = engine.build_prompt([], "What is the weather?")
+    style = turn.gen_params["style"]
+    assert style in BUILTIN_STYLES
+    sampled = engine.tokenizer.decode(engine.prompts[-1])
+    assert "What is the weather?" in sampled and style in sampled  # the model was asked
+    assert turn.prompt_ids == plain  # the turn answers what the person wrote
+    assert turn.to_dict()["style"] == style
+    again = service.stream_again(turn.id, seed=4).wait()  # regenerate explores too
+    assert again.gen_params["style"] in BUILTIN_STYLES and again.prompt_ids == plain
+    store.rate(turn.id, 5)
+    assert [s.styled for s in store.training_samples(10)] == [True]
+
+
+def test_with_exploring_off_replies_are_plain(service, store):
+    turn = service.send("What is the weather?", seed=3)
+    assert "style" not in turn.gen_params and turn.to_dict()["style"] is None
+    assert service.engine.prompts[-1] == turn.prompt_ids
+    store.rate(turn.id, 5)
+    assert [s.styled for s in store.training_samples(10)] == [False]
+
+
+def test_exploring_with_a_bad_styles_file_fails_at_start_naming_the_setting(config, store,
+                                                                          tmp_path):
+    empty = tmp_path / "styles.txt"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(BadInput) as err:
+        ChatService(ScriptedEngine(config), store,
+                    config.replace(explore_styles=0.5, **{"training.styles_file": str(empty)}))
+    assert "training.styles_file" in str(err.value) and err.value.fix
+
+
 # --- ChatService ----------------------------------------------------------------------------
 
 def test_a_message_becomes_a_stored_turn(service, store):

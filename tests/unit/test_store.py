@@ -299,7 +299,7 @@ def test_record_json_is_stable(store):
     assert set(d) == {"turn_id", "conversation_id", "index", "created_at", "user_message",
                       "reply", "checkpoint_id", "model", "reply_tokens", "ttft_ms",
                       "latency_ms", "interrupted", "rating", "system_prompt", "picked",
-                      "alternatives", "rewrite"}
+                      "alternatives", "rewrite", "style"}
     assert d["checkpoint_id"] == "base" and d["rating"]["score"] == 4
     assert "prompt_ids" in store.get_turn(t.id).to_dict(tokens=True)
 

@@ -1,5 +1,6 @@
-"""Styled rollouts (reinf.training.styles, training.styled_rollouts): the instruction list, the
-instruction spliced into a rendered prompt, and what a round samples."""
+"""Styled rollouts and exploring styles (reinf.training.styles: training.styled_rollouts,
+generation.explore_styles): the instruction list, the instruction spliced into a rendered
+prompt, what a round samples, which served replies are styled, and how PPO reads them."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -7,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from reinf.errors import BadInput
-from reinf.training.styles import (BUILTIN_STYLES, MAX_STYLE_CHARS, load_styles, styled_contexts,
-                                   template_tail, with_instruction)
+from reinf.training.styles import (BUILTIN_STYLES, MAX_STYLE_CHARS, Explorer, instruction_ids,
+                                   load_styles, styled_contexts, template_tail, with_instruction)
 from tiny import build_tiny_tokenizer
 
 pytestmark = pytest.mark.stack  # see pyproject.toml's markers
@@ -141,3 +142,59 @@ def test_reinf_status_names_the_styles_the_ratings_favour():
     none = _describe_training({"method": "rollouts", "favoured_styles": []})
     assert "none above the plain replies" in none
     assert "styles" not in _describe_training({"method": "rollouts", "favoured_styles": None})
+
+
+# --- exploring styles: which served replies carry an instruction ------------------------------
+
+def test_the_explorer_styles_about_its_share_of_replies_and_repeats_a_seeded_draw(tokenizer):
+    plain = render(tokenizer, "What is rain?")
+    styles = ["Use a list.", "Be brief."]
+    half = Explorer(tokenizer, styles, 0.5)
+    drawn = [half.draw(plain, seed=seed) for seed in range(200)]
+    styled = [(ids, style) for ids, style in drawn if style is not None]
+    assert 60 <= len(styled) <= 140
+    assert {style for _, style in styled} == set(styles)
+    for ids, style in styled:  # the instruction where a styled rollout has it
+        assert ids == with_instruction(plain, instruction_ids(tokenizer, style),
+                                       template_tail(tokenizer))
+    assert all(ids == plain for ids, style in drawn if style is None)
+    assert [half.draw(plain, seed=s) for s in range(20)] == drawn[:20]  # seeded: repeatable
+    assert half.draw(plain, seed=1, key="a") != half.draw(plain, seed=1, key="b") or \
+        half.draw(plain, seed=2, key="a") != half.draw(plain, seed=2, key="b")
+    assert all(Explorer(tokenizer, styles, 1.0).draw(plain)[1] for _ in range(20))
+    assert not any(Explorer(tokenizer, styles, 0.0).draw(plain)[1] for _ in range(20))
+
+
+def test_a_styled_prompt_that_would_not_fit_is_sampled_plainly(tokenizer):
+    plain = render(tokenizer, "What is rain?")
+    always = Explorer(tokenizer, ["Use a list."], 1.0)
+    assert always.draw(plain, limit=len(plain))[1] is None
+    assert always.draw(plain, limit=len(plain))[0] == plain
+    assert always.draw([5, 6, 7])[1] is None  # a prompt the template did not make
+
+
+def test_ppo_reads_a_reply_served_in_a_style_as_the_round_start_policy_s(tokenizer):
+    """Its stored log-probs are of the styled prompt: the episode carries None, and
+    build_rollout takes the round-start pass as its behaviour policy (as for a rollout)."""
+    from datetime import datetime, timezone
+
+    from reinf.records import Sample
+    from reinf.training.session import select_episodes
+
+    embeddings = SimpleNamespace(num_embeddings=len(tokenizer))
+    model = SimpleNamespace(get_input_embeddings=lambda: embeddings)
+    session = SimpleNamespace(policy=SimpleNamespace(model=model), context_limit=512)
+    now = datetime.now(timezone.utc)
+
+    def sample(styled: bool) -> Sample:
+        return Sample(turn_id=1, conversation_id=1, turn_index=0, user_id="local",
+                      prompt="What is rain?", response="Water.",
+                      prompt_ids=render(tokenizer, "What is rain?"), reply_ids=[5, 6],
+                      logprobs=[-0.5, -0.25], checkpoint_id=None, score=5, tags=[],
+                      comment="", critical=False, rated_at=now, created_at=now,
+                      temperature=0.8, styled=styled)
+    row = SimpleNamespace(reward=1.0, weight=1.0)
+    episodes, skipped = select_episodes(session, [(sample(False), row), (sample(True), row)])
+    assert not skipped
+    assert episodes[0][2] == [-0.5, -0.25]
+    assert episodes[1][2] is None

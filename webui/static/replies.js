@@ -49,6 +49,7 @@ class Replies {
       parts.push(`first token ${Math.round(t.ttft_ms)} ms`);
     }
     if (t.interrupted) parts.push("stopped");
+    if (t.style) parts.push(`asked for in a style: ${t.style}`);  // explore_styles
     return parts.join(" · ");
   }
 
