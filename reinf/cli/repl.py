@@ -318,6 +318,8 @@ class Repl:
             done = (f"after {turn['reply_tokens']} tokens" if turn.get("reply_tokens")
                     else "before the first token")
             self.say(f"[stopped {done}; kept as turn {turn['turn_id']}, marked interrupted]")
+        if turn.get("style"):  # explore_styles asked for this one in a style
+            self.say(f"[asked for in a style: {turn['style']}]")
         self.last_turn = turn
         return turn
 

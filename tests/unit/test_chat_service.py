@@ -307,6 +307,15 @@ def test_repl_chats_rates_with_tags_and_undoes(service, store):
     assert store.get_turn(1).rating is None
 
 
+def test_repl_says_when_a_reply_was_asked_for_in_a_style(config, store):
+    explored = ChatService(ScriptedEngine(config), store, config.replace(explore_styles=1.0))
+    _, _, out = run_repl(explored, store, "hello", "", "/quit")
+    assert f"[asked for in a style: {store.get_turn(1).gen_params['style']}]" in out
+    _, _, out = run_repl(ChatService(ScriptedEngine(config), store, config), store, "hello",
+                         "", "/quit")
+    assert "asked for in a style" not in out
+
+
 def test_repl_reprompts_on_a_bad_rating(service, store):
     code, keys, out = run_repl(service, store, "hello", "great", "9", "5 ", "")
     assert keys.prompts.count(RATE_PROMPT) == 3
