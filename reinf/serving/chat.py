@@ -21,6 +21,11 @@ see reinf.storage.schema.Turn); by default it becomes the picked one, which the 
 continues from. ``pick(turn_id)`` picks another and records the person's preference
 (reinf.storage.store.Store.pick_alternative).
 
+Exploring styles (``generation.explore_styles``): that share of replies, new or sampled
+again, is asked for in a style (``explore``: an instruction at the end of the person's
+message, reinf.training.styles.Explorer); the turn stores the plain prompt's ids and names
+the instruction in its ``gen_params["style"]``.
+
 Messages to one conversation are handled one at a time (its history must include the
 previous turn); different conversations only queue at the engine. Thread-safe.
 """
