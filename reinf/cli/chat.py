@@ -118,7 +118,8 @@ def local_backend(app, *, quiet: bool = False):
 # The documented shape of a turn (README "JSON output"), as `history --json` prints it.
 TURN_FIELDS = ("turn_id", "conversation_id", "index", "created_at", "user_message", "reply",
                "checkpoint_id", "model", "reply_tokens", "ttft_ms", "latency_ms",
-               "interrupted", "rating", "system_prompt", "picked", "alternatives", "rewrite")
+               "interrupted", "rating", "system_prompt", "picked", "alternatives", "rewrite",
+               "style")
 
 
 def send_once(backend, message: str, conversation_id: int | None, as_json: bool, *,
