@@ -149,6 +149,8 @@ def _print_status(d):
         *([f"what changed:       {d['vs_base']['line']}"] if d.get("vs_base") else []),
         *([f"best-of-n:          {d['best_of']['line']}"]
           if d.get("best_of") and d["best_of"]["best_of"] > 1 else []),
+        *([f"exploring styles:   {d['explore_styles']['line']}"]
+          if d.get("explore_styles") and d["explore_styles"]["share"] > 0 else []),
         f"next run:           {_describe_next_run(d)}",
         f"daemon:             " + ("running, pid %s" % d["daemon"].get("pid")
                                    if d["daemon"].get("running") else "not running"),

@@ -55,6 +55,7 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "training": _training_status(round_config, store),
         "vs_base": vs_base_status(store, active),
         "best_of": best_of_status(config, active, engine),
+        "explore_styles": explore_status(config),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
         "trainer_log_file": str(config.data_dir / "logs" / "trainer.log"),
         "warnings": warnings,
@@ -202,6 +203,15 @@ def vs_base_status(store, active) -> dict | None:
     picks = picks_vs_base(store, active.id)
     return {"checkpoint_id": active.id, "by_rating_model": by_model, "by_your_picks": picks,
             "line": describe_vs_base(active.id, by_model, picks)}
+
+
+def explore_status(config: Config) -> dict:
+    """Exploring styles (generation.explore_styles): ``{share, styles_file, line}``."""
+    share, path = config.generation.explore_styles, config.training.styles_file
+    source = f"from {path}" if path else "from the built-in list"
+    line = (f"{share:.0%} of replies are asked for in a style {source} "
+            "(explore_styles; the reply's details name it)" if share > 0 else "off")
+    return {"share": share, "styles_file": path, "line": line}
 
 
 def best_of_status(config: Config, active, engine=None) -> dict:

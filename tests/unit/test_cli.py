@@ -422,6 +422,17 @@ def test_unwritable_files_and_a_locked_database_are_one_line(runner, seeded, hom
     assert isinstance(runner.invoke(main, ["status"]).exception, ValueError)
 
 
+def test_status_says_when_replies_explore_styles(invoke, seeded, monkeypatch):
+    assert "exploring styles" not in invoke("status").output          # off: no line
+    monkeypatch.setenv("REINF_EXPLORE_STYLES", "0.25")
+    out = invoke("status").output
+    assert "exploring styles:   25% of replies are asked for in a style from the built-in " \
+           "list" in out
+    status = json.loads(invoke("status", "--json").output)
+    assert status["explore_styles"]["share"] == 0.25
+    assert status["explore_styles"]["styles_file"] is None
+
+
 def test_status_says_whether_best_of_n_chooses_the_replies(invoke, seeded, monkeypatch):
     assert "best-of-n" not in invoke("status").output          # off: no line
     monkeypatch.setenv("REINF_BEST_OF", "4")
