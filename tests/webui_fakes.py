@@ -88,7 +88,8 @@ class FakeStream:
             reply_ids=list(range(100, 100 + n)), logprobs=[-0.5] * n,
             checkpoint_id=service.checkpoint_id, model="fake-echo",
             gen_params={"temperature": 0.8, **self.gen,
-                        **({"stream_id": self.stream_id} if self.stream_id else {})},
+                        **({"stream_id": self.stream_id} if self.stream_id else {}),
+                        **({"style": service.style} if service.style else {})},
             ttft_ms=ttft,
             latency_ms=(time.perf_counter() - started) * 1000, interrupted=interrupted,
             context_turn_ids=self.context_turn_ids, slot=self.slot, picked=self.picked)
@@ -105,6 +106,7 @@ class FakeChatService:
         self.first_sent = threading.Event()
         self.fail_with: Exception | None = None
         self.checkpoint_id: str | None = None
+        self.style: str | None = None  # as explore_styles stores it (gen_params["style"])
         self.finished: list = []
         self.calls: list[tuple[str, int | None, dict]] = []
         self.system_prompts: list[str | None] = []   # as given to each stream()

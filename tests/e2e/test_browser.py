@@ -217,6 +217,24 @@ def test_stop_and_reopen_a_conversation(browser, live, fake_chat, store):
     assert reply_text(browser) == "echo #2: a long answer please"
 
 
+def test_a_reply_asked_for_in_a_style_says_so_under_it(browser, live, fake_chat, store):
+    from selenium.webdriver.common.by import By
+
+    browser.get(live.url + "/")
+    wait(browser, lambda d: d.find_element(By.ID, "message").is_displayed())
+    send(browser, "plain please")
+    wait(browser, lambda d: reply_text(d) == "echo: plain please")
+    assert "style" not in latest_turn(browser).find_element(By.CSS_SELECTOR, ".meta").text
+    fake_chat.style = "Use a bulleted list."
+    send(browser, "explore please")
+    wait(browser, lambda d: "asked for in a style: Use a bulleted list." in
+         latest_turn(d).find_element(By.CSS_SELECTOR, ".meta").text)
+    conversation_id = store.last_turn().conversation_id
+    browser.get(f"{live.url}/?conversation={conversation_id}")  # reopened from the store
+    wait(browser, lambda d: "asked for in a style: Use a bulleted list." in
+         latest_turn(d).find_element(By.CSS_SELECTOR, ".meta").text)
+
+
 def test_phone_width_layout(live, fake_chat, store, tmp_path):
     """At 375 px nothing overflows sideways and the composer and rating still work."""
     from selenium.webdriver.common.by import By
