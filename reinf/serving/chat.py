@@ -173,10 +173,8 @@ class ChatService:
             from reinf.training.styles import Explorer
             self._explorer = Explorer(self.engine.tokenizer, self._styles,
                                       self.config.generation.explore_styles)
-        limit = getattr(self.engine, "context_limit", None)
         return self._explorer.draw(prompt_ids, seed=params.get("seed"), key=key,
-                                   limit=None if limit is None else
-                                   limit - params["max_new_tokens"])
+                                   limit=self.engine.context_limit - params["max_new_tokens"])
 
     def cut_to_shown(self, turn_id: int, shown: str) -> TurnRecord | None:
         """Keep of a stored reply only the tokens whose text is ``shown`` (what the person

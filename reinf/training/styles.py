@@ -127,6 +127,7 @@ class Explorer:
         self.styles = list(styles)
         self.share = float(share)
         self._tail: list[int] | None = None
+        self._ids: dict[str, list[int]] = {}  # each instruction's ids, encoded once
         self._rng = random.Random()
 
     def draw(self, prompt_ids: Sequence[int], *, limit: int | None = None,
@@ -139,7 +140,9 @@ class Explorer:
         style = rng.choice(self.styles)
         if self._tail is None:
             self._tail = template_tail(self.tokenizer)
-        styled = with_instruction(plain, instruction_ids(self.tokenizer, style), self._tail)
+        if style not in self._ids:
+            self._ids[style] = instruction_ids(self.tokenizer, style)
+        styled = with_instruction(plain, self._ids[style], self._tail)
         if styled is None or (limit is not None and len(styled) > limit):
             return plain, None
         return styled, style

@@ -205,6 +205,19 @@ def style_pairs(n: int = 12):
     return pairs[:n]
 
 
+def capture_batches(monkeypatch) -> list[list[tuple]]:
+    """The episodes of every ``build_rollout`` call from now on, in order: a round's PPO
+    batch first, then the gate's measures."""
+    import reinf.training.ppo as ppo
+
+    calls: list[list[tuple]] = []
+    build = ppo.build_rollout
+    monkeypatch.setattr(ppo, "build_rollout",
+                        lambda episodes, *a, **kw: (calls.append(list(episodes)),
+                                                    build(episodes, *a, **kw))[1])
+    return calls
+
+
 def active_margin(store, tokenizer, pairs) -> float:
     """``style_margin`` of the demo model with the store's active adapter."""
     from reinf.catalog import PROJECT_ROOT
@@ -245,7 +258,6 @@ def test_a_styled_round_trains_styled_replies_as_answers_to_the_plain_prompt(con
     """``training.styled_rollouts``: half of each prompt's rollouts are sampled with an
     instruction from the person's styles file, but PPO and the rating model read every reply
     under the prompt as the person wrote it; the round still moves the policy their way."""
-    import reinf.training.ppo as ppo
     from reinf.training.trainer import train_round
 
     styles = ["Keep it short.", "Say more.", "Use a list."]
@@ -256,11 +268,7 @@ def test_a_styled_round_trains_styled_replies_as_answers_to_the_plain_prompt(con
                          learning_rate=2e-3, ppo_epochs=4, seed=0)
     rate_demo_turns(cfg, store, 24)
     rated_prompts = {tuple(s.prompt_ids) for s in store.training_samples(100)}
-    calls: list[list[tuple]] = []  # the first is the PPO batch; the gate's measures follow
-    build = ppo.build_rollout
-    monkeypatch.setattr(ppo, "build_rollout",
-                        lambda episodes, *a, **kw: (calls.append(list(episodes)),
-                                                    build(episodes, *a, **kw))[1])
+    calls = capture_batches(monkeypatch)  # the first is the PPO batch
     model, tokenizer = demo_model()
     pairs = style_pairs()
     before = style_margin(model, tokenizer, pairs)
@@ -288,7 +296,6 @@ def test_replies_served_in_a_style_are_rated_and_trained_as_answers_to_the_plain
     wrote it, and the round's PPO batch takes them with no stored log-probs (their behaviour
     policy is the round-start pass, as for a rollout), and the round still moves the policy
     the person's way."""
-    import reinf.training.ppo as ppo
     from reinf.demo.corpus import sample_prompts
     from reinf.serving.chat import ChatService
     from reinf.serving.engine import Engine
@@ -305,11 +312,7 @@ def test_replies_served_in_a_style_are_rated_and_trained_as_answers_to_the_plain
         assert t.prompt_ids == engine.build_prompt([], t.user_message)
         assert len(t.logprobs) == len(t.reply_ids)
         store.rate(t.id, 5 if terse(t.reply) else 1)
-    calls: list[list[tuple]] = []
-    build = ppo.build_rollout
-    monkeypatch.setattr(ppo, "build_rollout",
-                        lambda episodes, *a, **kw: (calls.append(list(episodes)),
-                                                    build(episodes, *a, **kw))[1])
+    calls = capture_batches(monkeypatch)  # the first is the PPO batch
     model, tokenizer = demo_model()
     pairs = style_pairs()
     before = style_margin(model, tokenizer, pairs)
