@@ -179,6 +179,15 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class StyleRatings:
+    """The person's recent ratings as ``generation.explore_pick: ratings`` reads them: the
+    score of every rated reply (``scores``) and, by instruction, those of the replies that
+    were asked for in a style (``by_style``; reinf.training.styles.pick_style)."""
+    scores: tuple[int, ...] = ()
+    by_style: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RewriteSample:
     """A rewrite as a round reads it: the turn's prompt and reply, and the person's text.
     The text has no token ids: the round encodes it with the model it trains."""

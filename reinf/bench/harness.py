@@ -160,6 +160,21 @@ def adopt(ctx: Context, outcome) -> dict:
     return result
 
 
+def explored_styles(asked: list[str | None], scores: list[float]) -> dict[str, Any]:
+    """The rated replies served in a style (generation.explore_styles): how many, their mean
+    rating against the plain replies', and by style ``[count, mean rating]``, most asked
+    first. ``asked`` and ``scores`` run in step (a pair's entry is None: no style)."""
+    by_style: dict[str, list[float]] = {}
+    plain = []
+    for style, score in zip(asked, scores):
+        (by_style.setdefault(style, []) if style else plain).append(score)
+    styled = [score for scores_of in by_style.values() for score in scores_of]
+    return {"styled": len(styled), "styled_mean": statistics.fmean(styled),
+            "plain_mean": statistics.fmean(plain) if plain else None,
+            "by_style": {style: [len(v), round(statistics.fmean(v), 2)] for style, v in
+                         sorted(by_style.items(), key=lambda kv: (-len(kv[1]), kv[0]))}}
+
+
 def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: dict,
                progress: Callable[[str], None]) -> dict:
     """One method on one seed's stream: the per-seed detail of the report."""
@@ -196,6 +211,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         scores, preferred, loop = [], [], 0.0
         disliked = wrote = 0  # replies rated REWRITE_AT_MOST or below; rewrites written
         picks: Counter = Counter()
+        asked: list[str | None] = []  # each rated reply's style (explore_styles), or None
         last_round = 0
         stream = shared["prompt_plan"].streams[seed]
         ready: list = []  # turns sampled ahead, up to the next round (see before_round)
@@ -205,12 +221,14 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
             if plan.pairs_every and n % plan.pairs_every == 0:
                 score, good, outcome = give_pair(ctx, rater, prompt, seed * 100_003 + i)
                 picks[outcome] += 1
+                asked.append(None)
             else:
                 if not ready:  # the model can't change before the next round: one batch
                     size = before_round(ctx, plan, k, n, last_round)
                     ready = ctx.chat.send_many(list(stream[i:i + size]),
                                                seed=seed * 100_003 + i)
                 turn = ready.pop(0)
+                asked.append(turn.gen_params.get("style"))
                 score = rater(prompt, turn.reply)
                 ctx.store.rate(turn.id, score)
                 good = rater.is_preferred(turn.reply, score, prompt=prompt)
@@ -271,6 +289,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
             "scores": scores, "preferred": [int(p) for p in preferred],
             "pairs": dict(picks) if plan.pairs_every else None,
             "rewrites": wrote if plan.rewrite_every else None,
+            "explored": explored_styles(asked, scores) if any(asked) else None,
             "loop_seconds": loop, "probe_seconds": probe.generate_seconds,
             "measure_seconds": probe.measure_seconds,
             "round_seconds": statistics.fmean(r["wall_seconds"] for r in ctx.rounds)

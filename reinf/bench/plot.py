@@ -60,6 +60,25 @@ def unit(report: dict) -> str:
     return "interactions" if (report.get("plan") or {}).get("pairs_every") else "ratings"
 
 
+def explored_lines(methods: dict) -> list[str]:
+    """For each seed of a method whose replies explored styles (generation.explore_styles):
+    how many rated replies were asked for in a style, their mean rating against the plain
+    ones', and the three styles asked for most (count, mean rating)."""
+    lines = []
+    for m, method in methods.items():
+        for run in method.get("seeds") or []:
+            e = run.get("explored")
+            if not e:
+                continue
+            plain = "-" if e["plain_mean"] is None else f"{e['plain_mean']:.2f}"
+            top = ", ".join(f'"{style}" {n} ({mean:.1f})'
+                            for style, (n, mean) in list(e["by_style"].items())[:3])
+            lines.append(f"  explored ({m}, seed {run['seed']}): {e['styled']} of "
+                         f"{len(run['scores'])} rated replies asked for in a style, mean "
+                         f"{e['styled_mean']:.2f} against {plain} plain; most asked {top}")
+    return lines
+
+
 def format_table(report: dict) -> str:
     plan, methods = report["plan"], report["methods"]
     names = list(methods)
@@ -77,6 +96,7 @@ def format_table(report: dict) -> str:
                 + ", ".join(str(s.get("rewrites")) for s in methods["reinf"]["seeds"])
                 + " rewrites by seed)"] if plan.get("rewrite_every") and "reinf" in methods
                else []),
+             *explored_lines(methods),
              f"  model {report['model']['name']} ({report['model']['parameters']:,} parameters)",
              f"  machine: {report['machine']}"]
     for m in names:

@@ -10,6 +10,7 @@ from typing import Any
 
 from reinf.catalog import resolve_model_path
 from reinf.config import Config, hidden_model_defaults_note
+from reinf.errors import BadInput
 from reinf.model.lora import lora_target_warnings, read_layers
 from reinf.model.memory import plan_memory, planned_device
 from reinf.serving.best_of import best_of_state, read_rater
@@ -55,7 +56,7 @@ def collect_status(config: Config, store, *, engine=None, daemon: dict | None = 
         "training": _training_status(round_config, store),
         "vs_base": vs_base_status(store, active),
         "best_of": best_of_status(config, active, engine),
-        "explore_styles": explore_status(config),
+        "explore_styles": explore_status(config, store),
         "log_file": str(config.data_dir / "logs" / "reinf.log"),
         "trainer_log_file": str(config.data_dir / "logs" / "trainer.log"),
         "warnings": warnings,
@@ -205,13 +206,32 @@ def vs_base_status(store, active) -> dict | None:
             "line": describe_vs_base(active.id, by_model, picks)}
 
 
-def explore_status(config: Config) -> dict:
-    """Exploring styles (generation.explore_styles): ``{share, styles_file, line}``."""
-    share, path = config.generation.explore_styles, config.training.styles_file
+def explore_status(config: Config, store=None) -> dict:
+    """Exploring styles (generation.explore_styles): ``{share, styles_file, pick, favoured,
+    line}``; ``favoured`` (explore_pick: ratings, with a store to read): the styles the
+    person's ratings now have asked for more often (reinf.training.styles.favoured_by_ratings)."""
+    generation, path = config.generation, config.training.styles_file
+    share, pick = generation.explore_styles, generation.explore_pick
     source = f"from {path}" if path else "from the built-in list"
-    line = (f"{share:.0%} of replies are asked for in a style {source} "
-            "(explore_styles; the reply's details name it)" if share > 0 else "off")
-    return {"share": share, "styles_file": path, "line": line}
+    favoured = None
+    if share > 0 and pick == "ratings" and store is not None:
+        from reinf.training.styles import favoured_by_ratings, load_styles
+        try:
+            styles = set(load_styles(path))
+        except BadInput:
+            styles = set()
+        favoured = [row for row in favoured_by_ratings(store.style_ratings(), n=len(styles))
+                    if row["style"] in styles][:3]
+    line = "off"
+    if share > 0:
+        how = "picked by your ratings" if pick == "ratings" else "each equally often"
+        line = (f"{share:.0%} of replies are asked for in a style {source}, {how} "
+                "(explore_styles; the reply's details name it)")
+        if favoured:
+            line += "; asked for more often now: " + ", ".join(
+                f'"{row["style"]}" ({row["mean"]:.1f} over {row["ratings"]})' for row in favoured)
+    return {"share": share, "styles_file": path, "pick": pick, "favoured": favoured,
+            "line": line}
 
 
 def best_of_status(config: Config, active, engine=None) -> dict:

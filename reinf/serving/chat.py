@@ -24,7 +24,8 @@ continues from. ``pick(turn_id)`` picks another and records the person's prefere
 Exploring styles (``generation.explore_styles``): that share of replies, new or sampled
 again, is asked for in a style (``explore``: an instruction at the end of the person's
 message, reinf.training.styles.Explorer); the turn stores the plain prompt's ids and names
-the instruction in its ``gen_params["style"]``.
+the instruction in its ``gen_params["style"]``. ``explore_pick: ratings`` draws the style by
+the person's ratings of the replies asked for in each (Store.style_ratings, pick_style).
 
 Messages to one conversation are handled one at a time (its history must include the
 previous turn); different conversations only queue at the engine. Thread-safe.
@@ -38,7 +39,7 @@ from typing import Any, Iterator
 from reinf.catalog import model_display_name
 from reinf.config import Config
 from reinf.errors import BadInput, Conflict
-from reinf.records import ConversationRecord, PairRecord, TurnRecord
+from reinf.records import ConversationRecord, PairRecord, StyleRatings, TurnRecord
 from reinf.storage.store import check_system_prompt
 
 GENERATION_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
@@ -161,20 +162,32 @@ class ChatService:
         self._explorer = None  # reinf.training.styles.Explorer, made at the first reply
         self._styles = exploring_styles(config)
 
-    def explore(self, prompt_ids: list[int], params: dict[str, Any], key: str = ""
-                ) -> tuple[list[int], str | None]:
+    def explore(self, prompt_ids: list[int], params: dict[str, Any], key: str = "", *,
+                rated: StyleRatings | None = None) -> tuple[list[int], str | None]:
         """The ids a reply to ``prompt_ids`` is sampled from, and the style instruction they
         carry (None: the prompt as it is). With ``generation.explore_styles`` above 0, that
         share of replies is asked for in a style (reinf.training.styles.Explorer); the reply
-        is stored under ``prompt_ids`` all the same (``store_reply``)."""
-        if self.config.generation.explore_styles <= 0:
+        is stored under ``prompt_ids`` all the same (``store_reply``). With
+        ``explore_pick: ratings`` the style is drawn by the person's ratings (``rated``, or
+        read from the store; a batch reads them once, ``style_ratings``)."""
+        generation = self.config.generation
+        if generation.explore_styles <= 0:
             return prompt_ids, None
         if self._explorer is None:
             from reinf.training.styles import Explorer
             self._explorer = Explorer(self.engine.tokenizer, self._styles,
-                                      self.config.generation.explore_styles)
+                                      generation.explore_styles, generation.explore_pick)
         return self._explorer.draw(prompt_ids, seed=params.get("seed"), key=key,
-                                   limit=self.engine.context_limit - params["max_new_tokens"])
+                                   limit=self.engine.context_limit - params["max_new_tokens"],
+                                   rated=rated if rated is not None else self.style_ratings())
+
+    def style_ratings(self) -> StyleRatings | None:
+        """What ``explore_pick: ratings`` reads (Store.style_ratings); None when exploring
+        is off or picks uniformly."""
+        generation = self.config.generation
+        if generation.explore_styles <= 0 or generation.explore_pick != "ratings":
+            return None
+        return self.store.style_ratings()
 
     def cut_to_shown(self, turn_id: int, shown: str) -> TurnRecord | None:
         """Keep of a stored reply only the tokens whose text is ``shown`` (what the person
@@ -315,7 +328,9 @@ class ChatService:
         system = check_system_prompt(self.config.generation.system_prompt)
         prompts = [self.engine.build_prompt([], m, max_new_tokens=params["max_new_tokens"],
                                             system=system) for m in messages]
-        drawn = [self.explore(p, params, key=str(i)) for i, p in enumerate(prompts)]
+        rated = self.style_ratings()
+        drawn = [self.explore(p, params, key=str(i), rated=rated)
+                 for i, p in enumerate(prompts)]
         replies = self.engine.replies([ids for ids, _ in drawn], params)
         turns = []
         for message, prompt, (_, style), reply in zip(messages, prompts, drawn, replies):
@@ -390,7 +405,8 @@ class ChatService:
         self._acquire(turn.conversation_id)
         try:
             context, prompt_ids = self._again_prompt(turn, params)
-            drawn = [self.explore(prompt_ids, params, key=f"alt-{turn_id}-{i}")
+            rated = self.style_ratings()
+            drawn = [self.explore(prompt_ids, params, key=f"alt-{turn_id}-{i}", rated=rated)
                      for i in range(count)]
             replies = self.engine.replies([ids for ids, _ in drawn], params)
             return [self.store_reply(turn.conversation_id, turn.user_message, reply,

@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session, aliased, selectinload
 
 from reinf.errors import BadInput, Conflict, NotFound, StoreError
 from reinf.records import (CheckpointRecord, ConversationRecord, PairRecord, RatingRecord,
-                           RewriteRecord, RewriteSample, RunRecord, Sample, TurnRecord, iso)
+                           RewriteRecord, RewriteSample, RunRecord, Sample, StyleRatings,
+                           TurnRecord, iso)
 from reinf.rewards.hooks import FORGOTTEN, MIN_REDACTED
 from reinf.storage import db
 from reinf.storage.permissions import secure_data_dir
@@ -703,6 +704,21 @@ class Store:
                 temperature=float((turn.gen_params or {}).get("temperature", 1.0)),
                 styled=bool((turn.gen_params or {}).get("style"))))
         return samples
+
+    def style_ratings(self, limit: int = 1000) -> StyleRatings:
+        """The scores of the ``limit`` most recently rated replies, and by style those of
+        the ones served in a style (``gen_params["style"]``, generation.explore_styles)."""
+        query = (select(Rating.score, Turn.gen_params).join(Turn, Rating.turn_id == Turn.id)
+                 .order_by(Rating.updated_at.desc(), Rating.id.desc()).limit(limit))
+        with self._session(write=False) as s:
+            rows = s.execute(query).all()
+        by_style: dict[str, list[int]] = {}
+        for score, params in rows:
+            style = (params or {}).get("style")
+            if isinstance(style, str) and style:
+                by_style.setdefault(style, []).append(score)
+        return StyleRatings(scores=tuple(score for score, _ in rows),
+                            by_style={k: tuple(v) for k, v in by_style.items()})
 
     def ratings_waiting(self) -> int:
         """Ratings made or changed since the last finished (succeeded or rejected) round."""

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from reinf.errors import BadInput
+from reinf.records import StyleRatings
 
 #: The built-in instructions: length, structure, register, examples, directness, tone,
 #: questions back, reasoning. One of them is drawn (without repeats within a prompt) for
@@ -110,6 +111,59 @@ def instruction_ids(tokenizer, style: str) -> list[int]:
     return tokenizer.encode("\n\n" + style, add_special_tokens=False)
 
 
+#: How much a style nobody has rated yet counts in ``pick_style``, in ratings: as this many
+#: at the person's mean rating (plus half a rating at either end of the scale).
+PRIOR_RATINGS = 2.0
+
+
+def pick_style(styles: Sequence[str], rated: StyleRatings, rng: random.Random) -> str:
+    """One of ``styles`` by Thompson sampling over the person's ratings of the replies that
+    were asked for in each (``explore_pick: ratings``).
+
+    A rating r counts as (r - 1) / 4 of a success. Each style's share of successes has a
+    beta posterior whose prior is ``PRIOR_RATINGS`` ratings at the mean of all the person's
+    ratings (``rated.scores``), plain replies included, plus half a rating at 1 and half at
+    5; a draw from each posterior, and the highest wins. So a style nobody rated yet is as
+    likely as the person's usual reply to be liked, with wide doubt, and is still tried; a
+    style rated above the usual is asked for more often with every such rating, one rated
+    below it less. Against a person who rates most replies 1, two 5s for lists make lists
+    the likeliest pick of sixteen."""
+    a0, b0 = _prior(rated)
+    best, top = styles[0], -1.0
+    for style in styles:
+        wins = [_success(score) for score in rated.by_style.get(style, ())]
+        draw = rng.betavariate(a0 + sum(wins), b0 + len(wins) - sum(wins))
+        if draw > top:
+            best, top = style, draw
+    return best
+
+
+def favoured_by_ratings(rated: StyleRatings, n: int = 3) -> list[dict]:
+    """The styles ``pick_style`` now asks for more often than one nobody rated, best first
+    (by their posterior mean), at most ``n``: ``{style, ratings, mean}`` with ``mean`` the
+    average of their ratings (what ``reinf status`` shows)."""
+    a0, b0 = _prior(rated)
+    rows = []
+    for style, scores in rated.by_style.items():
+        wins = sum(map(_success, scores))
+        if (a0 + wins) / (a0 + b0 + len(scores)) > a0 / (a0 + b0):
+            rows.append(((a0 + wins) / (a0 + b0 + len(scores)),
+                         {"style": style, "ratings": len(scores),
+                          "mean": round(sum(scores) / len(scores), 2)}))
+    return [row for _, row in sorted(rows, key=lambda r: -r[0])[:n]]
+
+
+def _success(score: int) -> float:
+    return (min(max(score, 1), 5) - 1) / 4
+
+
+def _prior(rated: StyleRatings) -> tuple[float, float]:
+    """The beta prior of a style nobody rated: ``PRIOR_RATINGS`` at the person's mean."""
+    scores = rated.scores
+    usual = sum(map(_success, scores)) / len(scores) if scores else 0.5
+    return 0.5 + PRIOR_RATINGS * usual, 0.5 + PRIOR_RATINGS * (1 - usual)
+
+
 class Explorer:
     """``generation.explore_styles``: which served replies are asked for in a style.
 
@@ -120,24 +174,33 @@ class Explorer:
     repeatable (``key`` tells apart the replies of one seeded call); without one it comes
     from the explorer's own random stream. The chat service stores the reply under the
     plain prompt, with the instruction in its ``gen_params``, so the person's rating of it
-    is a rating of an answer to what they wrote."""
+    is a rating of an answer to what they wrote.
 
-    def __init__(self, tokenizer, styles: Sequence[str], share: float):
+    Which instruction: ``pick`` "uniform" draws each equally often; "ratings" draws by the
+    person's ratings of the replies asked for in each so far (``rated``; ``pick_style``),
+    and is uniform until there are ratings to read."""
+
+    def __init__(self, tokenizer, styles: Sequence[str], share: float, pick: str = "uniform"):
         self.tokenizer = tokenizer
         self.styles = list(styles)
         self.share = float(share)
+        self.pick = pick
         self._tail: list[int] | None = None
         self._ids: dict[str, list[int]] = {}  # each instruction's ids, encoded once
         self._rng = random.Random()
 
     def draw(self, prompt_ids: Sequence[int], *, limit: int | None = None,
-             seed: int | None = None, key: str = "") -> tuple[list[int], str | None]:
+             seed: int | None = None, key: str = "", rated: StyleRatings | None = None
+             ) -> tuple[list[int], str | None]:
         """(the ids to sample from, the instruction or None)."""
         plain = list(prompt_ids)
         rng = self._rng if seed is None else random.Random(f"{seed}-explore-{key}")
         if not self.styles or rng.random() >= self.share:
             return plain, None
-        style = rng.choice(self.styles)
+        if self.pick == "ratings" and rated is not None and rated.scores:
+            style = pick_style(self.styles, rated, rng)
+        else:
+            style = rng.choice(self.styles)
         if self._tail is None:
             self._tail = template_tail(self.tokenizer)
         if style not in self._ids:

@@ -207,6 +207,24 @@ def test_with_pairs_the_axis_counts_interactions():
     assert "vs interactions" in build_svg(series(report), report)
 
 
+def test_the_report_says_which_styles_the_served_replies_were_asked_for_in():
+    from reinf.bench.harness import explored_styles
+
+    asked = [None, "Use a list.", None, "Be brief.", "Use a list.", None]   # a pair: None
+    scores = [1, 5, 2, 1, 4, 3]
+    e = explored_styles(asked, scores)
+    assert e["styled"] == 3 and e["styled_mean"] == pytest.approx(10 / 3)
+    assert e["plain_mean"] == 2.0
+    assert e["by_style"] == {"Use a list.": [2, 4.5], "Be brief.": [1, 1.0]}
+    assert list(e["by_style"]) == ["Use a list.", "Be brief."]             # most asked first
+    run = fake_run(0, [2.0, 3.8, 4.4])
+    report = fake_report({"reinf": [{**run, "explored": e, "scores": scores}]}, ratings=32)
+    assert ('explored (reinf, seed 0): 3 of 6 rated replies asked for in a style, mean 3.33 '
+            'against 2.00 plain; most asked "Use a list." 2 (4.5), "Be brief." 1 (1.0)'
+            ) in format_table(report)
+    assert "explored" not in format_table(fake_report({"reinf": [run]}, ratings=32))
+
+
 # --- the baselines of the issue: best-of-n at serve time, and KTO's learning-rate sweep ------
 
 def fake_bestofn(seed: int, curve: list[float], *, k: int = 16) -> dict:

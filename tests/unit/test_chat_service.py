@@ -84,6 +84,34 @@ def test_an_explored_reply_is_asked_for_in_a_style_and_stored_under_the_plain_pr
     assert [s.styled for s in store.training_samples(10)] == [True]
 
 
+def test_exploring_by_ratings_asks_more_often_for_the_style_the_person_rated_well(config,
+                                                                                   store):
+    conv = store.create_conversation().id
+
+    def rated(score: int, **gen_params) -> None:
+        turn = store.append_turn(conv, "q", "a", reply_ids=[1], logprobs=[-1],
+                                 gen_params=gen_params)
+        store.rate(turn.id, score)
+    for _ in range(6):
+        rated(1)                                      # the usual reply: rated 1
+    rated(5, style="Use a bulleted list.")
+    rated(4, style="Use a bulleted list.")
+    rated(1, style="Be warm and encouraging.")
+    seen = store.style_ratings()
+    assert sorted(seen.scores) == [1] * 7 + [4, 5]
+    assert seen.by_style == {"Use a bulleted list.": (4, 5), "Be warm and encouraging.": (1,)}
+
+    engine = ScriptedEngine(config)
+    messages = [f"question {i}" for i in range(48)]
+
+    def lists(**settings) -> int:
+        service = ChatService(engine, store, config.replace(explore_styles=1.0, **settings))
+        return sum(service.send(m, seed=i).gen_params["style"] == "Use a bulleted list."
+                   for i, m in enumerate(messages))
+    by_ratings, uniform = lists(explore_pick="ratings"), lists()
+    assert by_ratings >= 10 and uniform <= 8 and by_ratings > 2 * uniform  # uniform: 3 of 48
+
+
 def test_with_exploring_off_replies_are_plain(service, store):
     turn = service.send("What is the weather?", seed=3)
     assert "style" not in turn.gen_params and turn.to_dict()["style"] is None

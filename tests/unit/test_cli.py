@@ -428,9 +428,37 @@ def test_status_says_when_replies_explore_styles(invoke, seeded, monkeypatch):
     out = invoke("status").output
     assert "exploring styles:   25% of replies are asked for in a style from the built-in " \
            "list" in out
+    assert "each equally often" in out
     status = json.loads(invoke("status", "--json").output)
     assert status["explore_styles"]["share"] == 0.25
     assert status["explore_styles"]["styles_file"] is None
+    assert status["explore_styles"]["pick"] == "uniform"
+    assert status["explore_styles"]["favoured"] is None
+
+
+def test_status_names_the_styles_the_ratings_have_exploring_ask_for_more(invoke, seeded, home,
+                                                                         monkeypatch):
+    from reinf.config import load_config
+    from reinf.storage.store import Store
+
+    store = Store.open(load_config(environ={"REINF_HOME": str(home)}))
+    for turn in seeded:                                 # the plain replies: rated 1
+        store.rate(turn.id, 1)
+    conv = store.create_conversation().id
+    for style, score in (("Use a bulleted list.", 5), ("Use a bulleted list.", 4),
+                         ("Be warm and encouraging.", 1), ("Use numbered steps.", 3)):
+        turn = store.append_turn(conv, "q", "a", reply_ids=[1], logprobs=[-1],
+                                 gen_params={"style": style})
+        store.rate(turn.id, score)
+    store.close()
+    monkeypatch.setenv("REINF_EXPLORE_STYLES", "0.5")
+    monkeypatch.setenv("REINF_EXPLORE_PICK", "ratings")
+    out = invoke("status").output
+    assert ('picked by your ratings (explore_styles; the reply\'s details name it); asked '
+            'for more often now: "Use a bulleted list." (4.5 over 2), "Use numbered steps." '
+            '(3.0 over 1)') in out
+    favoured = json.loads(invoke("status", "--json").output)["explore_styles"]["favoured"]
+    assert [row["style"] for row in favoured] == ["Use a bulleted list.", "Use numbered steps."]
 
 
 def test_status_says_whether_best_of_n_chooses_the_replies(invoke, seeded, monkeypatch):

@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from reinf.errors import BadInput
-from reinf.training.styles import (BUILTIN_STYLES, MAX_STYLE_CHARS, Explorer, instruction_ids,
-                                   load_styles, styled_contexts, template_tail, with_instruction)
+from reinf.records import StyleRatings
+from reinf.training.styles import (BUILTIN_STYLES, MAX_STYLE_CHARS, Explorer,
+                                   favoured_by_ratings, instruction_ids, load_styles,
+                                   pick_style, styled_contexts, template_tail, with_instruction)
 from tiny import build_tiny_tokenizer
 
 pytestmark = pytest.mark.stack  # see pyproject.toml's markers
@@ -164,6 +166,54 @@ def test_the_explorer_styles_about_its_share_of_replies_and_repeats_a_seeded_dra
                for s in range(10))
     assert all(Explorer(tokenizer, styles, 1.0).draw(plain)[1] for _ in range(20))
     assert not any(Explorer(tokenizer, styles, 0.0).draw(plain)[1] for _ in range(20))
+
+
+# a person who rates most replies 1, and liked the two replies asked for as a list
+LIST_LIKED = StyleRatings(scores=(1,) * 20 + (5, 5, 1),
+                          by_style={"Use a bulleted list.": (5, 5), "Be warm and encouraging.": (1,)})
+
+
+def test_picking_by_ratings_asks_more_often_for_a_style_rated_above_the_usual():
+    import random
+
+    rng = random.Random(0)
+    picks = [pick_style(BUILTIN_STYLES, LIST_LIKED, rng) for _ in range(3000)]
+    share = {style: picks.count(style) / len(picks) for style in BUILTIN_STYLES}
+    assert share["Use a bulleted list."] > 0.25              # uniform: 1/16 = 0.06
+    assert max(v for k, v in share.items() if k != "Use a bulleted list.") < 0.1
+    assert share["Be warm and encouraging."] < 1 / 16       # rated below the usual: less
+    assert len({p for p in picks}) == len(BUILTIN_STYLES)   # the unrated are still tried
+    # a third 5 for the list, more often still
+    more = StyleRatings(scores=LIST_LIKED.scores + (5,),
+                        by_style={**LIST_LIKED.by_style, "Use a bulleted list.": (5, 5, 5)})
+    again = [pick_style(BUILTIN_STYLES, more, rng) for _ in range(3000)]
+    assert again.count("Use a bulleted list.") / 3000 > share["Use a bulleted list."] + 0.03
+
+
+def test_the_explorer_picks_by_ratings_only_when_asked_and_once_there_are_ratings(tokenizer):
+    plain = render(tokenizer, "What is rain?")
+
+    def styles_drawn(explorer, rated):
+        return [explorer.draw(plain, seed=s, rated=rated)[1] for s in range(400)]
+
+    by_ratings = Explorer(tokenizer, BUILTIN_STYLES, 1.0, pick="ratings")
+    drawn = styles_drawn(by_ratings, LIST_LIKED)
+    assert drawn.count("Use a bulleted list.") > 80                 # uniform: about 25
+    assert drawn == styles_drawn(by_ratings, LIST_LIKED)            # seeded: repeatable
+    for explorer, rated in ((by_ratings, StyleRatings()),           # nothing rated yet
+                            (Explorer(tokenizer, BUILTIN_STYLES, 1.0), LIST_LIKED)):  # uniform
+        assert styles_drawn(explorer, rated).count("Use a bulleted list.") < 50
+
+
+def test_the_favoured_styles_are_those_rated_above_the_usual_best_first():
+    rated = StyleRatings(scores=(1,) * 20 + (5, 5, 1, 3),
+                         by_style={"Use a bulleted list.": (5, 5), "Be warm and encouraging.": (1,),
+                                   "Use numbered steps.": (3,)})
+    assert favoured_by_ratings(rated) == [
+        {"style": "Use a bulleted list.", "ratings": 2, "mean": 5.0},
+        {"style": "Use numbered steps.", "ratings": 1, "mean": 3.0}]
+    assert favoured_by_ratings(rated, n=1)[0]["style"] == "Use a bulleted list."
+    assert favoured_by_ratings(StyleRatings()) == []
 
 
 def test_a_styled_prompt_that_would_not_fit_is_sampled_plainly(tokenizer):
