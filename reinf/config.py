@@ -253,6 +253,11 @@ class TrainingConfig:
                                     "and rule): a 5 shows what you want as a rewrite does; "
                                     "0 = off (docs/training.md, \"Imitating your best-rated "
                                     "replies\")", min=0, max=5)
+    imitate_explored: int = setting(0, "replies served in a style (generation.explore_styles) "
+                                       "that you rated this score or higher are imitated as "
+                                       "plain answers to your message, as your rewrites are; "
+                                       "0 = off (docs/training.md, \"Exploring styles\")",
+                                    min=0, max=5)
     winrate_prompts: int = setting(16, "after each round, the new adapter and the base answer "
                                        "this many of your newest prompts and the rating model "
                                        "judges them (the win rate vs base); 0 = off",

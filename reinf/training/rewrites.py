@@ -133,24 +133,30 @@ def imitated_before(store, checkpoint_id: str | None) -> datetime | None:
 
 
 def best_rated_episodes(threshold: int, episodes: list[tuple], samples: list[Sample], *,
-                        imitated_before: datetime | None) -> list[tuple]:
+                        imitated_before: datetime | None, explored: int = 0) -> list[tuple]:
     """The rated replies the imitation term reads beside the rewrites
     (``training.imitate_rated``): the episodes whose sample (``samples[i]`` is
-    ``episodes[i]``'s) the person scored ``threshold`` or higher, none when it is 0. Under
-    the ``once`` rule (``imitated_before`` set), only those rated since the round that made
-    the adapter began, as for rewrites.
+    ``episodes[i]``'s) the person scored ``threshold`` or higher, none when it is 0; and
+    (``training.imitate_explored``) those served in a style (``Sample.styled``) scored
+    ``explored`` or higher. Under the ``once`` rule (``imitated_before`` set), only those
+    rated since the round that made the adapter began, as for rewrites.
 
     Why: a 5 on a reply the model seldom writes (a list, from a model that writes one in one
     reply of fourteen) is the person's strongest signal, and the clipped PPO update raises
     that reply's tokens by at most the clip range a round (+20% for a style it samples at
     7%); imitated, a token the model found unlikely is pushed until it is as likely as the
     model's own tokens (until likely), as a rewrite's is. Off by default: on SmolLM2 one round
-    on the two tuning raters moved less the rater's way with it (docs/benchmarks.md)."""
-    if threshold <= 0:
+    on the two tuning raters moved less the rater's way with it (docs/benchmarks.md). A reply
+    served in a style is the case it is for by construction: the instruction made the model
+    write what it seldom writes unasked, so as a plain answer it is as far off the model's
+    own replies as a rewrite."""
+    def chosen(s: Sample) -> bool:
+        return (0 < threshold <= s.score) or (s.styled and 0 < explored <= s.score)
+
+    if threshold <= 0 and explored <= 0:
         return []
     return [e for e, s in zip(episodes, samples, strict=True)
-            if s.score >= threshold and (imitated_before is None
-                                         or s.rated_at >= imitated_before)]
+            if chosen(s) and (imitated_before is None or s.rated_at >= imitated_before)]
 
 
 def rewrite_pairs(rewrites: Rewrites, first_row: int,

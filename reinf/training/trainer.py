@@ -169,10 +169,12 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     shown = demos.episodes
     # the rewrites the imitation term reads, by identity in the batch (new since the adapter,
     # or every one while it is less likely than the model's own replies: until-likely), and
-    # with training.imitate_rated the rated replies scored that high, by the same rule
+    # with training.imitate_rated the rated replies scored that high, by the same rule (and
+    # with training.imitate_explored those served in a style)
     imitate_ids = {id(e) for e in demos.imitated}
     best_rated = best_rated_episodes(config.training.imitate_rated, episodes, used,
-                                     imitated_before=before)
+                                     imitated_before=before,
+                                     explored=config.training.imitate_explored)
     best_ids = {id(e) for e in best_rated}
     imitate_ids |= best_ids
     if not episodes:

@@ -120,6 +120,35 @@ def test_imitating_the_best_rated_replies_raises_a_rare_good_reply_further(tmp_p
     assert moved[5] > 1.2 * moved[0], moved         # imitation moves it further
 
 
+def test_imitating_the_well_rated_replies_served_in_a_style_reads_only_those(tmp_path,
+                                                                           model_dir):
+    """training.imitate_explored 5: of the replies rated 5, the ones served in a style are
+    imitated (they stand for what the model seldom writes unasked), the plain ones are not;
+    the model moves further toward them than with it off."""
+    from reinf.storage.store import Store
+
+    base = tk.load_policy(model_dir)
+    good0 = tk.first_token_logp(base, tk.GOOD)
+    moved, metrics = {}, {}
+    for threshold in (0, 5):
+        config = tk.train_config(tmp_path / f"explored-{threshold}", model_dir,
+                                 training_imitate_explored=threshold)
+        store = Store.open(config)
+        likely_turns(store, base, 12, seed=5)
+        likely_turns(store, base, 1, seed=7, score=5)                 # a plain 5
+        likely_turns(store, base, 3, seed=6, first=tk.GOOD, score=5, style="Use a list.")
+        result = train_round(config, store)
+        assert result.status == "succeeded", result.message
+        metrics[threshold] = result.metrics
+        moved[threshold] = tk.first_token_logp(
+            tk.load_policy(model_dir, store.active_checkpoint().path), tk.GOOD) - good0
+        store.close()
+    assert metrics[0]["rated_imitated"] == 0 and metrics[0]["imitation_loss"] is None
+    assert metrics[5]["rated_imitated"] == 3 and metrics[5]["imitation_loss"] > 0
+    # imitated once (the default rule), in full: 0.17 against 0.14 here
+    assert moved[5] > 1.1 * moved[0] > 0, moved
+
+
 def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home, model_dir,
                                                                              wanted):
     """training.rewrite_imitation_rule once: the unclipped imitation term reads a rewrite in
@@ -157,10 +186,11 @@ def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home,
 
 
 def likely_turns(store, model, n: int, *, seed: int, first: int | None = None,
-                 score: int = 1) -> list[tuple[int, list[int]]]:
+                 score: int = 1, style: str | None = None) -> list[tuple[int, list[int]]]:
     """``n`` turns whose replies are the model's own greedy continuations (as likely, per
     token, as any reply it writes), each rated ``score``: (turn id, prompt ids) each. With
-    ``first``, each reply starts with that token and goes on greedily from it."""
+    ``first``, each reply starts with that token and goes on greedily from it; with
+    ``style``, the turn says it was served in that style (explore_styles)."""
     import random
 
     rng = random.Random(seed)
@@ -175,7 +205,8 @@ def likely_turns(store, model, n: int, *, seed: int, first: int | None = None,
         reply = out[0, len(prompt):].tolist()
         turn = store.append_turn(conv.id, f"prompt {seed}-{i}", "greedy", prompt_ids=prompt,
                                  reply_ids=reply, logprobs=tk.reply_logprobs(model, prompt, reply),
-                                 gen_params={"temperature": tk.TEMPERATURE})
+                                 gen_params={"temperature": tk.TEMPERATURE,
+                                             **({"style": style} if style else {})})
         store.rate(turn.id, score)
         turn_ids.append((turn.id, prompt))
     return turn_ids

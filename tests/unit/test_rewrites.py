@@ -105,7 +105,7 @@ def test_best_rated_episodes_are_the_ones_scored_at_the_threshold_or_above():
     from types import SimpleNamespace
 
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    samples = [SimpleNamespace(score=score, rated_at=t0 + timedelta(minutes=i))
+    samples = [SimpleNamespace(score=score, styled=False, rated_at=t0 + timedelta(minutes=i))
                for i, score in enumerate([5, 4, 1, 5, 3])]
     episodes = [(f"episode {i}",) for i in range(5)]
     assert best_rated_episodes(0, episodes, samples, imitated_before=None) == []
@@ -118,6 +118,25 @@ def test_best_rated_episodes_are_the_ones_scored_at_the_threshold_or_above():
                                imitated_before=t0 + timedelta(minutes=2)) == [episodes[3]]
     with pytest.raises(ValueError):  # one sample per episode, or it is a bug
         best_rated_episodes(5, episodes, samples[:4], imitated_before=None)
+
+
+def test_imitate_explored_reads_the_well_rated_replies_served_in_a_style_only():
+    """training.imitate_explored: of the rated replies, those served in a style
+    (explore_styles) and scored at the threshold or above; alone or beside imitate_rated."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    samples = [SimpleNamespace(score=score, styled=styled, rated_at=t0)
+               for score, styled in [(5, True), (5, False), (4, True), (1, True), (4, False)]]
+    episodes = [(f"episode {i}",) for i in range(5)]
+    assert best_rated_episodes(0, episodes, samples, imitated_before=None, explored=5) == [
+        episodes[0]]
+    assert best_rated_episodes(0, episodes, samples, imitated_before=None, explored=4) == [
+        episodes[0], episodes[2]]
+    assert best_rated_episodes(5, episodes, samples, imitated_before=None, explored=4) == [
+        episodes[0], episodes[1], episodes[2]]
+    assert best_rated_episodes(0, episodes, samples, imitated_before=None, explored=0) == []
 
 
 def test_rewrite_pairs_reuse_a_rated_row_and_add_the_others():
