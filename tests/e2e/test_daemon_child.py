@@ -119,7 +119,9 @@ def test_a_hung_reward_hook_times_out_and_chat_stays_up(parts, home):
     (home / "reward_mapper.py").parent.mkdir(parents=True, exist_ok=True)
     (home / "reward_mapper.py").write_text(HUNG_HOOK)
     config, store, engine, daemon = parts(
-        runner=lambda config, store: ChildRunner(config, store, timeout_seconds=20,
+        # 40 s: the child must load the model and reach the hook first, which takes over
+        # 20 s on a loaded 2-core machine
+        runner=lambda config, store: ChildRunner(config, store, timeout_seconds=40,
                                                  grace_seconds=2),
         reward_mapper="reward_mapper.py:reward_mapper", hook_timeout_seconds=600)
     assert daemon.train_now()["started"] is True
@@ -131,7 +133,7 @@ def test_a_hung_reward_hook_times_out_and_chat_stays_up(parts, home):
     result = wait_result(daemon, timeout=60)
     assert replies > 0
     assert result["status"] == "failed"
-    assert "timed out after 20 s; a reward hook or the model may hang" in result["message"]
+    assert "timed out after 40 s; a reward hook or the model may hang" in result["message"]
     run = store.get_run(result["run_id"])
     assert run.status == "failed" and run.error == result["message"]
     hook_pid = int((home / "hook.pid").read_text())  # the hook really ran, and is gone now
