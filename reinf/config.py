@@ -117,11 +117,11 @@ class GenerationConfig:
                                          "answering you like; 0 = off (docs/training.md, "
                                          "\"Exploring styles\")", min=0.0, max=1.0)
     explore_pick: str = setting(
-        "uniform", "which style explore_styles asks for: uniform = each equally often; "
-                   "ratings = by your ratings of the replies asked for in each (styles you "
-                   "rated above your usual are asked for more often, unrated ones are still "
-                   "tried; docs/training.md, \"Exploring styles\")",
-        choices=("uniform", "ratings"))
+        "ratings", "which style explore_styles asks for: ratings = by your ratings of the "
+                   "replies asked for in each (styles you rated above your usual are asked "
+                   "for more often, unrated ones are still tried); uniform = each equally "
+                   "often (docs/training.md, \"Exploring styles\")",
+        choices=("ratings", "uniform"))
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "styled": {"training.min_consistency": -1.0, "training.styled_rollouts": 2},
     # styled, with half of the rated replies served in a style (generation.explore_styles)
     "explore": {"training.min_consistency": -1.0, "training.styled_rollouts": 2,
-                "explore_styles": 0.5},
+                "explore_styles": 0.5, "explore_pick": "uniform"},
     # the first version's method, as `reinf bench learn`'s rated baseline runs it
     "rated-v1": {"training.method": "rated", "kl_loss_coef": 0.0, "advantage": "gae"},
     "sft": {"baseline": "sft"},

@@ -428,12 +428,15 @@ def test_status_says_when_replies_explore_styles(invoke, seeded, monkeypatch):
     out = invoke("status").output
     assert "exploring styles:   25% of replies are asked for in a style from the built-in " \
            "list" in out
-    assert "each equally often" in out
+    assert "picked by your ratings" in out and "more often now" not in out  # none rated
     status = json.loads(invoke("status", "--json").output)
     assert status["explore_styles"]["share"] == 0.25
     assert status["explore_styles"]["styles_file"] is None
-    assert status["explore_styles"]["pick"] == "uniform"
-    assert status["explore_styles"]["favoured"] is None
+    assert status["explore_styles"]["pick"] == "ratings"
+    assert status["explore_styles"]["favoured"] == []
+    monkeypatch.setenv("REINF_EXPLORE_PICK", "uniform")
+    assert "each equally often" in invoke("status").output
+    assert json.loads(invoke("status", "--json").output)["explore_styles"]["favoured"] is None
 
 
 def test_status_names_the_styles_the_ratings_have_exploring_ask_for_more(invoke, seeded, home,
