@@ -95,8 +95,6 @@ def test_imitating_the_best_rated_replies_raises_a_rare_good_reply_further(tmp_p
     stream (the model's own likely replies rated 1, and 3 replies that start with a token it
     finds less likely, rated 5) trained with it off and on: on, it reads exactly the 5s and
     moves the model further toward them."""
-    from reinf.storage.store import Store
-
     base = tk.load_policy(model_dir)
     good0 = tk.first_token_logp(base, tk.GOOD)
     moved, metrics = {}, {}
@@ -104,15 +102,10 @@ def test_imitating_the_best_rated_replies_raises_a_rare_good_reply_further(tmp_p
         config = tk.train_config(tmp_path / f"{rule}-{threshold}", model_dir,
                                  training_imitate_rated=threshold,
                                  training_rewrite_imitation_rule=rule)
-        store = Store.open(config)
-        likely_turns(store, base, 13, seed=5)
-        likely_turns(store, base, 3, seed=6, first=tk.GOOD, score=5)
-        result = train_round(config, store)
-        assert result.status == "succeeded", result.message
-        metrics[threshold] = result.metrics
-        moved[threshold] = tk.first_token_logp(
-            tk.load_policy(model_dir, store.active_checkpoint().path), tk.GOOD) - good0
-        store.close()
+        metrics[threshold], moved[threshold] = round_toward_good(
+            config, model_dir, good0, lambda store: (
+                likely_turns(store, base, 13, seed=5),
+                likely_turns(store, base, 3, seed=6, first=tk.GOOD, score=5)))
     assert metrics[0]["rated_imitated"] == 0 and metrics[0]["imitation_loss"] is None
     assert metrics[5]["rated_imitated"] == 3 and metrics[5]["imitation_loss"] > 0
     assert metrics[5]["rewrites_imitated"] == 0
@@ -125,24 +118,18 @@ def test_imitating_the_well_rated_replies_served_in_a_style_reads_only_those(tmp
     """training.imitate_explored 5: of the replies rated 5, the ones served in a style are
     imitated (they stand for what the model seldom writes unasked), the plain ones are not;
     the model moves further toward them than with it off."""
-    from reinf.storage.store import Store
-
     base = tk.load_policy(model_dir)
     good0 = tk.first_token_logp(base, tk.GOOD)
     moved, metrics = {}, {}
     for threshold in (0, 5):
         config = tk.train_config(tmp_path / f"explored-{threshold}", model_dir,
                                  training_imitate_explored=threshold)
-        store = Store.open(config)
-        likely_turns(store, base, 12, seed=5)
-        likely_turns(store, base, 1, seed=7, score=5)                 # a plain 5
-        likely_turns(store, base, 3, seed=6, first=tk.GOOD, score=5, style="Use a list.")
-        result = train_round(config, store)
-        assert result.status == "succeeded", result.message
-        metrics[threshold] = result.metrics
-        moved[threshold] = tk.first_token_logp(
-            tk.load_policy(model_dir, store.active_checkpoint().path), tk.GOOD) - good0
-        store.close()
+        metrics[threshold], moved[threshold] = round_toward_good(
+            config, model_dir, good0, lambda store: (
+                likely_turns(store, base, 12, seed=5),
+                likely_turns(store, base, 1, seed=7, score=5),            # a plain 5
+                likely_turns(store, base, 3, seed=6, first=tk.GOOD, score=5,
+                             style="Use a list.")))
     assert metrics[0]["rated_imitated"] == 0 and metrics[0]["imitation_loss"] is None
     assert metrics[5]["rated_imitated"] == 3 and metrics[5]["imitation_loss"] > 0
     # imitated once (the default rule), in full: 0.17 against 0.14 here
@@ -183,6 +170,23 @@ def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home,
     assert three.metrics["rewrites"] == 3 and three.metrics["rewrites_imitated"] == 2
     assert three.metrics["imitation_loss"] > 0
     store.close()
+
+
+def round_toward_good(config, model_dir, good0: float, fill) -> tuple[dict, float]:
+    """One round on a fresh store that ``fill(store)`` stocks with rated turns: the round's
+    metrics, and how far it moved the first token GOOD's log-probability from ``good0``."""
+    from reinf.storage.store import Store
+
+    store = Store.open(config)
+    try:
+        fill(store)
+        result = train_round(config, store)
+        assert result.status == "succeeded", result.message
+        moved = tk.first_token_logp(
+            tk.load_policy(model_dir, store.active_checkpoint().path), tk.GOOD) - good0
+        return result.metrics, moved
+    finally:
+        store.close()
 
 
 def likely_turns(store, model, n: int, *, seed: int, first: int | None = None,
