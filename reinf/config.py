@@ -220,6 +220,13 @@ class TrainingConfig:
                                       "model towards ways of answering it seldom picks; 0 = "
                                       "off (docs/training.md, \"Styled rollouts\")",
                                    min=0, max=64)
+    styled_pick: str = setting(
+        "ratings", "which styles styled_rollouts asks for: ratings = by your ratings of the "
+                   "replies served in each (generation.explore_styles; as explore_pick "
+                   "draws), so a style you rated above your usual is sampled and trained on "
+                   "more often; uniform = each equally often. Uniform until a reply served "
+                   "in a style is rated",
+        choices=("ratings", "uniform"))
     styles_file: str | None = setting(None, "style instructions for styled_rollouts and "
                                             "explore_styles, one a line in a text file; null = "
                                             "the built-in list")

@@ -59,10 +59,13 @@ ARMS: dict[str, dict[str, Any]] = {
     "rated": {"training.method": "rated"},
     "rollouts": {"training.min_consistency": -1.0},
     # rollouts with half of each prompt's replies asked for in a style (reinf.training.styles)
-    "styled": {"training.min_consistency": -1.0, "training.styled_rollouts": 2},
+    # (drawn uniformly, as when the published figures were measured)
+    "styled": {"training.min_consistency": -1.0, "training.styled_rollouts": 2,
+               "training.styled_pick": "uniform"},
     # styled, with half of the rated replies served in a style (generation.explore_styles)
     "explore": {"training.min_consistency": -1.0, "training.styled_rollouts": 2,
-                "explore_styles": 0.5, "explore_pick": "uniform"},
+                "training.styled_pick": "uniform", "explore_styles": 0.5,
+                "explore_pick": "uniform"},
     # the first version's method, as `reinf bench learn`'s rated baseline runs it
     "rated-v1": {"training.method": "rated", "kl_loss_coef": 0.0, "advantage": "gae"},
     "sft": {"baseline": "sft"},
@@ -200,7 +203,7 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                 for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations",
                             "rated_imitated", "imitation_active", "approx_kl", "clipfrac",
                             "steps", "early_stopped", "styled_rollouts",
-                            "styled_score_gain", "style_gains"):
+                            "styled_score_gain", "style_gains", "style_counts"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
                 if path is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,13 +119,15 @@ def usable(session, sample) -> bool:
 # --- stage 2 and 3: rollouts and their rewards --------------------------------------------
 
 def collect_rollouts(config, session, rating_model, samples, episodes, *, now, seed: int,
-                     report) -> tuple[list[tuple], list[int], dict[str, Any]]:
+                     report, rated=None) -> tuple[list[tuple], list[int], dict[str, Any]]:
     """The round's episodes in rollout mode, with their group ids (one group per prompt).
 
     Fresh replies are sampled from the current adapter for ``rollout_prompts`` prompts,
     ``rollouts_per_prompt`` each, scored pessimistically by the rating model, and passed
     through the person's reward mapper and critics with their own metadata. The person's
-    rated replies to the same prompts stay in the batch with their real score.
+    rated replies to the same prompts stay in the batch with their real score. ``rated``
+    (StyleRatings, with ``training.styled_pick: ratings``) draws the styled replies' styles
+    by the person's ratings.
     """
     from reinf.records import Sample
     from reinf.rewards.mapper import compute_rewards
@@ -149,7 +152,7 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
         # their plain prompt: scored and trained as answers to what the person wrote
         contexts, owners, styles = styled_contexts(
             tokenizer, prompts, t.rollouts_per_prompt, styled, load_styles(t.styles_file),
-            seed=seed, limit=session.context_limit - max_new)
+            seed=seed, limit=session.context_limit - max_new, rated=rated)
     else:
         contexts, owners, styles = prompts, [], []
     rollouts = sample_rollouts(
@@ -199,9 +202,11 @@ def styled_figures(rollouts, predicted: list[float], styles: list[str | None]
     """How the rating model scored the styled replies against the plain ones to the same
     prompts: ``styled_rollouts`` (how many), ``styled_score_gain`` (the mean, over the styled
     replies, of each one's predicted score minus the mean of the plain replies to its
-    prompt; above 0, the round pushes towards the styles) and ``style_gains`` (the same per
-    instruction, best first). Empty when no reply was styled (``styles``: one instruction
-    or None per rollout; empty when the round styled nothing)."""
+    prompt; above 0, the round pushes towards the styles), ``style_gains`` (the same per
+    instruction, best first) and ``style_counts`` (how many replies were asked for in each,
+    most first: with ``training.styled_pick: ratings``, the styles the person rated well
+    lead). Empty when no reply was styled (``styles``: one instruction or None per rollout;
+    empty when the round styled nothing)."""
     if not any(styles):
         return {}
     plain: dict[int, list[float]] = {}
@@ -217,4 +222,5 @@ def styled_figures(rollouts, predicted: list[float], styles: list[str | None]
     per_style = {s: round(sum(xs) / len(xs), 3) for s, xs in gains.items()}
     return {"styled_rollouts": sum(s is not None for s in styles),
             "styled_score_gain": sum(every) / len(every) if every else None,
-            "style_gains": dict(sorted(per_style.items(), key=lambda kv: -kv[1]))}
+            "style_gains": dict(sorted(per_style.items(), key=lambda kv: -kv[1])),
+            "style_counts": dict(Counter(s for s in styles if s is not None).most_common())}

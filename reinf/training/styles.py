@@ -212,20 +212,32 @@ class Explorer:
 
 
 def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled: int,
-                    styles: Sequence[str], *, seed: int, limit: int
+                    styles: Sequence[str], *, seed: int, limit: int,
+                    rated: StyleRatings | None = None
                     ) -> tuple[list[list[int]], list[int], list[str | None]]:
     """What to sample, one reply each, for ``k`` replies to each of ``prompts`` of which
     ``styled`` carry an instruction: (contexts, the prompt each belongs to, its instruction
     or None). Instructions are drawn with ``seed``, without repeats within a prompt while
-    the list lasts. A prompt the template cannot be read in, or whose styled context is
-    longer than ``limit`` tokens (the room left for a reply), is sampled plainly."""
+    the list lasts: uniformly, or by the person's ratings (``pick_style``) when ``rated``
+    holds any (``training.styled_pick: ratings``), so the styles they rated above their
+    usual are sampled, scored and trained on more often. A prompt the template cannot be
+    read in, or whose styled context is longer than ``limit`` tokens (the room left for a
+    reply), is sampled plainly."""
     rng = random.Random(f"{seed}-styles")
     tail = template_tail(tokenizer)
     encoded = {s: instruction_ids(tokenizer, s) for s in styles}
+    by_ratings = rated is not None and bool(rated.scores)
     contexts, owners, used = [], [], []
     for g, prompt in enumerate(prompts):
-        drawn = rng.sample(list(styles), min(styled, len(styles)))
-        drawn += [rng.choice(list(styles)) for _ in range(styled - len(drawn))]
+        if by_ratings:
+            drawn, left = [], list(styles)
+            for _ in range(min(styled, len(styles))):
+                drawn.append(pick_style(left, rated, rng))
+                left.remove(drawn[-1])
+            drawn += [pick_style(styles, rated, rng) for _ in range(styled - len(drawn))]
+        else:
+            drawn = rng.sample(list(styles), min(styled, len(styles)))
+            drawn += [rng.choice(list(styles)) for _ in range(styled - len(drawn))]
         for i in range(k):
             style = drawn[i - (k - styled)] if i >= k - styled else None
             context = None if style is None else with_instruction(prompt, encoded[style], tail)

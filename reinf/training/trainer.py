@@ -201,6 +201,10 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     #    person's reward mapper (the rated replies to the same prompts join them), then PPO.
     device = session.loaded.device
     iterations = config.training.rollout_iterations if plan.mode == "rollouts" else 1
+    t = config.training
+    # training.styled_pick: the styled rollouts' styles drawn by the person's ratings
+    rated_styles = (store.style_ratings() if plan.mode == "rollouts" and t.styled_rollouts
+                    and t.styled_pick == "ratings" else None)
     passes: list[dict[str, Any]] = []
     for i in range(iterations):
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
@@ -212,7 +216,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                               reverse=True)
             batch, groups, rollout_metrics = collect_rollouts(
                 config, session, plan.rating_model, prompted, episodes + shown, now=now,
-                seed=seed, report=step)
+                seed=seed, report=step, rated=rated_styles)
         elif hp.advantage == "rloo":
             # A rated round's baseline under RLOO: the other rated replies to the same prompt
             # (a regenerated and rated one), else the mean of every other rated reply.

@@ -329,6 +329,43 @@ def test_replies_served_in_a_style_are_rated_and_trained_as_answers_to_the_plain
     assert active_margin(store, tokenizer, pairs) > before + 0.02
 
 
+def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, store, tmp_path):
+    """``training.styled_pick: ratings``: six replies served in one style (explore_styles,
+    through the real chat path) were rated 5, so the round's styled rollouts ask for it for
+    most prompts, where a uniform draw from eight styles would for about one in four."""
+    from reinf.demo.corpus import sample_prompts
+    from reinf.serving.chat import ChatService
+    from reinf.serving.engine import Engine
+    from reinf.training.trainer import train_round
+
+    styles = ["Use a list.", "Keep it short.", "Say more.", "Be formal.", "Be casual.",
+              "Give an example.", "Ask a question back.", "Explain step by step."]
+    one, every = tmp_path / "one.txt", tmp_path / "styles.txt"
+    one.write_text(styles[0], encoding="utf-8")
+    every.write_text("\n".join(styles), encoding="utf-8")
+    served = config.replace(explore_styles=1.0, training_styles_file=str(one))
+    chat = ChatService(Engine.load(served), store, served)
+    for turn in chat.send_many(["What is rain?", "Why is the sky blue?", "How do birds fly?",
+                                "What is a cloud?", "Why do leaves fall?", "What is snow?"],
+                               seed=1):
+        assert turn.gen_params["style"] == styles[0]
+        store.rate(turn.id, 5)
+    plain = ChatService(Engine.load(config), store, config)
+    for turn in plain.send_many(sample_prompts(0, 18), seed=2):  # the usual reply: a 1 or 2
+        assert "style" not in turn.gen_params
+        store.rate(turn.id, 1 + turn.id % 2)
+    cfg = config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
+                         training_styled_rollouts=2, training_styles_file=str(every),
+                         training_min_consistency=-1.0, seed=0)
+    assert cfg.training.styled_pick == "ratings"      # the default
+    result = train_round(cfg, store)
+    m = result.metrics
+    assert result.status == "succeeded", result.message
+    assert m["mode"] == "rollouts" and sum(m["style_counts"].values()) == 16
+    assert list(m["style_counts"])[0] == styles[0]
+    assert m["style_counts"][styles[0]] >= 6, m["style_counts"]  # of 8 prompts; uniform: ~2
+
+
 def test_an_iterated_round_samples_again_where_its_last_pass_left_the_adapter(config, store,
                                                                               tmp_path):
     """``training.rollout_iterations``: the same round, same ratings and rating model, run

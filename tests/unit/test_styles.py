@@ -126,6 +126,7 @@ def test_styled_figures_compare_each_styled_reply_with_the_plain_ones_to_its_pro
     # list: 5 - 3 = +2 and 3 - 1 = +2; brief: 1.5 - 1 = +0.5
     assert f["style_gains"] == {"list": 2.0, "brief": 0.5}
     assert list(f["style_gains"]) == ["list", "brief"]  # best first
+    assert f["style_counts"] == {"list": 2, "brief": 1}
     assert f["styled_score_gain"] == pytest.approx((2 + 2 + 0.5) / 3)
     assert styled_figures(r, scores, [None] * 6) == {}
 
@@ -203,6 +204,27 @@ def test_the_explorer_picks_by_ratings_only_when_asked_and_once_there_are_rating
     for explorer, rated in ((by_ratings, StyleRatings()),           # nothing rated yet
                             (Explorer(tokenizer, BUILTIN_STYLES, 1.0), LIST_LIKED)):  # uniform
         assert styles_drawn(explorer, rated).count("Use a bulleted list.") < 50
+
+
+def test_styled_rollouts_draw_by_the_ratings_without_repeats_within_a_prompt(tokenizer):
+    """training.styled_pick: ratings. The rollouts of a round ask for the liked list more
+    often than a uniform draw does, never twice for one prompt, and uniformly when nothing
+    served in a style was rated."""
+    prompts = [render(tokenizer, f"Question number {i}?") for i in range(200)]
+
+    def drawn(rated):
+        used = styled_contexts(tokenizer, prompts, 4, 2, BUILTIN_STYLES, seed=1,
+                               limit=10_000, rated=rated)[2]
+        for g in range(len(prompts)):                       # two different styles a prompt
+            assert len({u for u in used[4 * g + 2:4 * g + 4]}) == 2
+        return used
+
+    by_ratings = drawn(LIST_LIKED)
+    assert by_ratings.count("Use a bulleted list.") > 100     # of 200 prompts; uniform: 25
+    assert len(set(by_ratings) - {None}) == len(BUILTIN_STYLES)  # the others still tried
+    assert by_ratings == drawn(LIST_LIKED)                     # the seed repeats it
+    for rated in (None, StyleRatings(scores=(1, 5, 3))):      # uniform; nothing styled rated
+        assert drawn(rated).count("Use a bulleted list.") < 50
 
 
 def test_the_favoured_styles_are_those_rated_above_the_usual_best_first():
