@@ -265,6 +265,14 @@ class TrainingConfig:
                                        "plain answers to your message, as your rewrites are; "
                                        "0 = off (docs/training.md, \"Exploring styles\")",
                                     min=0, max=5)
+    imitate_styled: float = setting(0.0, "a styled rollout (styled_rollouts) the rating "
+                                         "model scores at least this many rating points "
+                                         "above the plain replies to its prompt (the "
+                                         "pessimistic score) is imitated as a plain answer, "
+                                         "as your rewrites are, the best one a prompt: it "
+                                         "moves further than PPO's clip lets it; 0 = off "
+                                         "(docs/training.md, \"Styled rollouts\")",
+                                    min=0.0, max=4.0)
     winrate_prompts: int = setting(16, "after each round, the new adapter and the base answer "
                                        "this many of your newest prompts and the rating model "
                                        "judges them (the win rate vs base); 0 = off",

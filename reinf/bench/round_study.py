@@ -203,7 +203,8 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                 for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations",
                             "rated_imitated", "imitation_active", "approx_kl", "clipfrac",
                             "steps", "early_stopped", "styled_rollouts",
-                            "styled_score_gain", "style_gains", "style_counts"):
+                            "styled_score_gain", "style_gains", "style_counts",
+                            "styled_imitated"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
                 if path is not None:

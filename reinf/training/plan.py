@@ -119,8 +119,11 @@ def usable(session, sample) -> bool:
 # --- stage 2 and 3: rollouts and their rewards --------------------------------------------
 
 def collect_rollouts(config, session, rating_model, samples, episodes, *, now, seed: int,
-                     report, rated=None) -> tuple[list[tuple], list[int], dict[str, Any]]:
-    """The round's episodes in rollout mode, with their group ids (one group per prompt).
+                     report, rated=None
+                     ) -> tuple[list[tuple], list[int], set[int], dict[str, Any]]:
+    """The round's episodes in rollout mode, with their group ids (one group per prompt),
+    the ``id`` of those the imitation term reads (``training.imitate_styled``) and the
+    stage's metrics.
 
     Fresh replies are sampled from the current adapter for ``rollout_prompts`` prompts,
     ``rollouts_per_prompt`` each, scored pessimistically by the rating model, and passed
@@ -178,23 +181,49 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
                            labels=[f"a fresh reply to prompt {r.group + 1} (predicted score "
                                    f"{s:.2f})" for r, s in zip(rollouts, predicted)])
     group_of = {tuple(p): i for i, p in enumerate(prompts)}
-    out, groups = [], []
-    for r, row in zip(rollouts, rows):
+    chosen = styled_to_imitate(rollouts, predicted, styles, t.imitate_styled)
+    out, groups, imitate = [], [], set()
+    for i, (r, row) in enumerate(zip(rollouts, rows)):
         if row.kept:
             # None: sampled by the round's own adapter, whose round-start pass is the
             # behaviour policy (reinf.training.ppo.build_rollout)
             out.append((r.prompt_ids, r.reply_ids, None, g.temperature, row.reward, 1.0))
             groups.append(r.group)
+            if i in chosen:
+                imitate.add(id(out[-1]))
     human = [e for e in episodes if tuple(e[0]) in group_of]
     for e in human:  # a human label beats a prediction: the real score, in its prompt's group
         out.append(e)
         groups.append(group_of[tuple(e[0])])
-    return out, groups, {
+    return out, groups, imitate, {
         "rollouts": len(rollouts), "rollout_prompts": len(prompts), "rated_in_batch": len(human),
+        **({"styled_imitated": len(imitate)} if t.imitate_styled and styled else {}),
         "rollout_tokens": sum(len(r.reply_ids) for r in rollouts),
         "predicted_score_mean": sum(predicted) / max(len(predicted), 1),
         **styled_figures(rollouts, predicted, styles),
         "rollout_seconds": sampled - started, "scoring_seconds": time.perf_counter() - sampled}
+
+
+def styled_to_imitate(rollouts, predicted: list[float], styles: list[str | None],
+                      margin: float) -> set[int]:
+    """``training.imitate_styled``: the indices of the styled rollouts to imitate as plain
+    answers. For each prompt, its best-scored styled reply, where that score is at least
+    ``margin`` above the mean of the plain replies to the prompt (scores: the rating
+    model's pessimistic predictions); none for a prompt without plain replies, and none at
+    all when ``margin`` is 0 (off). The rating model reads the prompt, so a person who
+    wants a list for a how-to and one sentence for a fact gets each where it was scored
+    higher."""
+    if margin <= 0 or not any(styles):
+        return set()
+    plain: dict[int, list[float]] = {}
+    best: dict[int, int] = {}
+    for i, (r, score, style) in enumerate(zip(rollouts, predicted, styles)):
+        if style is None:
+            plain.setdefault(r.group, []).append(score)
+        elif r.group not in best or score > predicted[best[r.group]]:
+            best[r.group] = i
+    return {i for group, i in best.items() if group in plain
+            and predicted[i] >= sum(plain[group]) / len(plain[group]) + margin}
 
 
 def styled_figures(rollouts, predicted: list[float], styles: list[str | None]

@@ -210,20 +210,23 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
         step = report if iterations == 1 else _numbered(report, i + 1, iterations)
         batch, groups, rollout_metrics = episodes + shown, None, {}
+        imitated = imitate_ids
         if plan.mode == "rollouts":
             # the rewrites' prompts are chosen as the ratings' are, newest first
             prompted = sorted(samples + rewrites.samples, key=lambda s: s.rated_at,
                               reverse=True)
-            batch, groups, rollout_metrics = collect_rollouts(
+            batch, groups, styled_ids, rollout_metrics = collect_rollouts(
                 config, session, plan.rating_model, prompted, episodes + shown, now=now,
                 seed=seed, report=step, rated=rated_styles)
+            # training.imitate_styled: the styled rollouts the rating model liked best (this
+            # pass's only: an id is an object's while it lives)
+            imitated = imitate_ids | styled_ids
         elif hp.advantage == "rloo":
             # A rated round's baseline under RLOO: the other rated replies to the same prompt
             # (a regenerated and rated one), else the mean of every other rated reply.
             groups = prompt_groups(batch)
         b = build_rollout(batch, device, groups=groups,
-                          demos=[id(e) in imitate_ids for e in batch] if imitate_ids
-                          else None)
+                          demos=[id(e) in imitated for e in batch] if imitated else None)
         session.reward_stats.update(b.rewards)
         if config.ppo.normalize_rewards:
             b.rewards = (b.rewards - session.reward_stats.mean) / max(session.reward_stats.std,
@@ -328,7 +331,7 @@ ITERATION_SEED_STRIDE = 7919
 # Figures an iterated round adds up over its passes; every other figure is the last pass's
 # (where the round left the policy: its KL, KL coefficient, clip fraction, ...).
 PASS_SUMS = ("steps", "samples", "tokens", "update_seconds", "rollouts", "rollout_tokens",
-             "rollout_seconds", "scoring_seconds")
+             "rollout_seconds", "scoring_seconds", "styled_imitated")
 # Per pass in ``metrics["iterations"]`` when a round ran more than one.
 PASS_FIGURES = ("samples", "predicted_score_mean", "reward_mean", "kl", "approx_kl", "clipfrac",
                 "staleness", "kl_coef", "epochs_run", "update_seconds", "rollout_seconds")

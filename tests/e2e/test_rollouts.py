@@ -366,6 +366,67 @@ def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, s
     assert m["style_counts"][styles[0]] >= 6, m["style_counts"]  # of 8 prompts; uniform: ~2
 
 
+def test_imitating_the_best_styled_rollouts_moves_the_model_further_toward_them(
+        config, store, tmp_path, monkeypatch):
+    """``training.imitate_styled``: the same round on the same ratings twice, once with the
+    styled rollouts the rating model scores above the plain ones imitated. That round flags
+    at most one styled reply a prompt for the imitation term, and leaves those replies more
+    likely as plain answers than the round without it does."""
+    import shutil
+
+    import reinf.training.ppo as ppo
+    from reinf.catalog import PROJECT_ROOT
+    from reinf.config import load_config
+    from reinf.storage.store import Store
+    from reinf.training.trainer import train_round
+
+    knobs = dict(training_rollout_prompts=8, training_rollouts_per_prompt=4,
+                 training_styled_rollouts=2, training_min_consistency=-1.0,
+                 learning_rate=2e-3, seed=0)
+    rate_demo_turns(config, store, 24)
+    other = tmp_path / "again"
+    shutil.copytree(config.data_dir, other)  # the same rated turns, in a data directory of its own
+    plain_cfg = config.replace(**knobs)
+    # the demo model ignores instructions, so its styled replies score close to its plain
+    # ones: a small margin, to have something to imitate
+    cfg = load_config(environ={"REINF_HOME": str(other)}).replace(
+        **knobs, training_imitate_styled=0.05)
+    seen: list[tuple[list, list]] = []
+    build = ppo.build_rollout
+    monkeypatch.setattr(ppo, "build_rollout", lambda episodes, *a, demos=None, **kw: (
+        seen.append((list(episodes), list(demos or []))), build(episodes, *a, demos=demos,
+                                                                **kw))[1])
+    without = train_round(plain_cfg, store)
+    assert without.status == "succeeded", without.message
+    assert "styled_imitated" not in without.metrics and not any(seen[0][1])
+    seen.clear()
+    other_store = Store.open(cfg)
+    try:
+        result = train_round(cfg, other_store)
+        adapters = [store.active_checkpoint().path, other_store.active_checkpoint().path]
+    finally:
+        other_store.close()
+    m = result.metrics
+    assert result.status == "succeeded", result.message
+    batch, flags = seen[0]
+    imitated = [e for e, flag in zip(batch, flags) if flag]
+    assert 1 <= m["styled_imitated"] == len(imitated) <= 8          # at most one a prompt
+    assert len({tuple(e[0]) for e in imitated}) == len(imitated)
+    assert all(e[2] is None for e in imitated)                         # rollouts, not ratings
+    assert m["imitation_loss"] > 0
+    _, tokenizer = demo_model()
+    demo = PROJECT_ROOT / "models" / "reinf-demo"
+
+    def likelihood(path) -> float:  # mean log-prob per token of the imitated replies
+        model = tk.load_policy(demo, path)
+        lps = [tk.reply_logprobs(model, e[0], e[1], 1.0) for e in imitated]
+        return sum(sum(lp) for lp in lps) / sum(len(lp) for lp in lps)
+
+    plain_round, imitating_round = map(likelihood, adapters)
+    # +0.03 nats a token here: the demo model already finds its own replies likely
+    assert imitating_round > plain_round + 0.015, (plain_round, imitating_round)
+
+
 def test_an_iterated_round_samples_again_where_its_last_pass_left_the_adapter(config, store,
                                                                               tmp_path):
     """``training.rollout_iterations``: the same round, same ratings and rating model, run

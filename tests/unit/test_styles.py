@@ -115,6 +115,22 @@ def test_a_styled_context_too_long_for_the_model_is_sampled_plainly(tokenizer):
 
 # --- what the round reports ------------------------------------------------------------------
 
+def test_the_styled_reply_imitated_is_a_prompt_s_best_and_clears_the_margin():
+    """training.imitate_styled: per prompt, at most its best-scored styled reply, and only
+    where that beats the mean of the plain replies to it by the margin."""
+    from reinf.training.plan import styled_to_imitate
+
+    r = [SimpleNamespace(group=g) for g in (0, 0, 0, 0, 1, 1, 1, 2, 2)]
+    scores = [2.0, 2.0, 3.5, 4.0, 3.0, 3.5, 3.6, 4.0, 4.5]
+    styles = [None, None, "list", "brief", None, "list", "brief", "list", "brief"]
+    # prompt 0: brief 4.0 beats plain 2.0 by 2; prompt 1: +0.6 only; prompt 2: no plain reply
+    assert styled_to_imitate(r, scores, styles, 1.0) == {3}
+    assert styled_to_imitate(r, scores, styles, 0.5) == {3, 6}
+    assert styled_to_imitate(r, scores, styles, 2.5) == set()
+    assert styled_to_imitate(r, scores, styles, 0.0) == set()          # 0 = off
+    assert styled_to_imitate(r, scores, [None] * 9, 0.5) == set()      # nothing styled
+
+
 def test_styled_figures_compare_each_styled_reply_with_the_plain_ones_to_its_prompt():
     from reinf.training.plan import styled_figures
 
