@@ -169,7 +169,8 @@ class ChatService:
         share of replies is asked for in a style (reinf.training.styles.Explorer); the reply
         is stored under ``prompt_ids`` all the same (``store_reply``). With
         ``explore_pick: ratings`` the style is drawn by the person's ratings (``rated``, or
-        read from the store; a batch reads them once, ``style_ratings``)."""
+        read from the store when the reply is to be styled; a batch reads them once,
+        ``style_ratings``)."""
         generation = self.config.generation
         if generation.explore_styles <= 0:
             return prompt_ids, None
@@ -179,7 +180,7 @@ class ChatService:
                                       generation.explore_styles, generation.explore_pick)
         return self._explorer.draw(prompt_ids, seed=params.get("seed"), key=key,
                                    limit=self.engine.context_limit - params["max_new_tokens"],
-                                   rated=rated if rated is not None else self.style_ratings())
+                                   rated=rated if rated is not None else self.style_ratings)
 
     def style_ratings(self) -> StyleRatings | None:
         """What ``explore_pick: ratings`` reads (Store.style_ratings); None when exploring

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from reinf.errors import BadInput
 from reinf.records import StyleRatings
@@ -190,13 +190,17 @@ class Explorer:
         self._rng = random.Random()
 
     def draw(self, prompt_ids: Sequence[int], *, limit: int | None = None,
-             seed: int | None = None, key: str = "", rated: StyleRatings | None = None
+             seed: int | None = None, key: str = "",
+             rated: StyleRatings | Callable[[], StyleRatings | None] | None = None
              ) -> tuple[list[int], str | None]:
-        """(the ids to sample from, the instruction or None)."""
+        """(the ids to sample from, the instruction or None). ``rated`` may be a function
+        that reads the ratings: it is called only for a reply drawn to be styled."""
         plain = list(prompt_ids)
         rng = self._rng if seed is None else random.Random(f"{seed}-explore-{key}")
         if not self.styles or rng.random() >= self.share:
             return plain, None
+        if self.pick == "ratings" and callable(rated):
+            rated = rated()
         if self.pick == "ratings" and rated is not None and rated.scores:
             style = pick_style(self.styles, rated, rng)
         else:

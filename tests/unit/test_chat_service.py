@@ -112,6 +112,16 @@ def test_exploring_by_ratings_asks_more_often_for_the_style_the_person_rated_wel
     assert by_ratings >= 10 and uniform <= 8 and by_ratings > 2 * uniform  # uniform: 3 of 48
 
 
+def test_a_single_reply_reads_the_ratings_only_when_it_is_styled(config, store, monkeypatch):
+    reads = []
+    read = store.style_ratings
+    monkeypatch.setattr(store, "style_ratings", lambda *a, **kw: (reads.append(1),
+                                                                   read(*a, **kw))[1])
+    service = ChatService(ScriptedEngine(config), store, config.replace(explore_styles=0.25))
+    styled = sum("style" in service.send(f"question {i}", seed=i).gen_params for i in range(24))
+    assert 0 < styled < 24 and len(reads) == styled
+
+
 def test_with_exploring_off_replies_are_plain(service, store):
     turn = service.send("What is the weather?", seed=3)
     assert "style" not in turn.gen_params and turn.to_dict()["style"] is None
