@@ -192,6 +192,9 @@ def _describe_training(t: dict) -> str:
         text += "; styles your ratings favour: " + (
             ", ".join(f"\"{s}\" ({g:+.2f})" for s, g in t["favoured_styles"])
             or "none above the plain replies")
+    if t.get("styled_imitated") is not None:  # training.imitate_styled
+        n = t["styled_imitated"]
+        text += f"; {n} styled {'reply' if n == 1 else 'replies'} imitated"
     return text
 
 

@@ -166,10 +166,13 @@ def _lora_warning(setting, model_dir: Path) -> str | None:
 
 def _training_status(config: Config, store) -> dict:
     """The method, and what the newest round that got that far decided: its mode (rollouts,
-    or rated replies only) and why, and the rating model's reward consistency."""
+    or rated replies only) and why, the rating model's reward consistency, the styles it
+    favoured (styled rollouts) and how many styled replies it imitated
+    (training.imitate_styled)."""
     out: dict[str, Any] = {"method": config.training.method, "last_mode": None,
                            "last_mode_reason": None, "reward_consistency": None,
-                           "rating_model_ratings": None, "favoured_styles": None}
+                           "rating_model_ratings": None, "favoured_styles": None,
+                           "styled_imitated": None}
     for run in store.list_runs(limit=10):
         metrics = run.metrics or {}
         if "mode" in metrics:
@@ -177,7 +180,7 @@ def _training_status(config: Config, store) -> dict:
                        reward_consistency=metrics.get("rating_model_consistency"),
                        rating_model_ratings=metrics.get("rating_model_ratings"),
                        favoured_styles=favoured_styles(metrics.get("style_gains")),
-                       run_id=run.id)
+                       styled_imitated=metrics.get("styled_imitated"), run_id=run.id)
             break
     return out
 

@@ -161,6 +161,9 @@ def test_reinf_status_names_the_styles_the_ratings_favour():
     none = _describe_training({"method": "rollouts", "favoured_styles": []})
     assert "none above the plain replies" in none
     assert "styles" not in _describe_training({"method": "rollouts", "favoured_styles": None})
+    assert "; 3 styled replies imitated" in _describe_training(
+        {"method": "rollouts", "favoured_styles": [], "styled_imitated": 3})
+    assert "imitated" not in line                     # imitate_styled off
 
 
 # --- exploring styles: which served replies carry an instruction ------------------------------
