@@ -573,7 +573,8 @@ def summarize_round(result: dict, after: int) -> dict:
             "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only",
             "rewrites", "rewrites_imitated", "rated_imitated", "imitation_loss",
             "imitation_target", "imitation_active", "rating_model_rewrites",
-            "styled_rollouts", "styled_score_gain", "style_counts", "styled_imitated")
+            "styled_rollouts", "styled_score_gain", "style_counts", "styled_imitated",
+            "imitated_joined")
     by_model = (m.get("vs_base") or {}).get("by_rating_model") or {}
     return {"after_ratings": after, "status": result["status"],
             "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),

@@ -290,10 +290,10 @@ def test_the_rating_model_reads_rewrites_as_fives_and_picks(home, model_dir, wan
     assert "3 rewrites" in m["mode_reason"]
 
 
-def test_in_a_rollout_round_only_the_5s_among_the_rollout_prompts_are_imitated(home,
-                                                                                model_dir):
+def test_in_a_rollout_round_every_5_is_imitated_not_only_those_a_rollout_drew(home,
+                                                                             model_dir):
     """training.imitate_rated in rollout mode: the batch holds the rated replies to the
-    round's rollout prompts (newest first), so only the 5s among those are imitated."""
+    round's rollout prompts (newest first), and every 5 besides, so all are imitated."""
     from reinf.storage.store import Store
 
     config = tk.train_config(home, model_dir, training_method="rollouts",
@@ -309,7 +309,9 @@ def test_in_a_rollout_round_only_the_5s_among_the_rollout_prompts_are_imitated(h
     m = result.metrics
     assert result.status == "succeeded", result.message
     assert m["mode"] == "rollouts" and m["rated_in_batch"] == 3
-    assert 1 <= m["rated_imitated"] <= 3 < fives   # the 5s among the batch's rated replies
+    in_batch = m["rated_imitated"] - m["imitated_joined"]   # the 5s among the rollout prompts
+    assert m["rated_imitated"] == fives and 0 <= in_batch <= 3 < m["imitated_joined"]
+    assert m["samples"] == 3 * 2 + 3 + m["imitated_joined"]
     assert m["imitation_loss"] > 0
     store.close()
 
