@@ -222,10 +222,10 @@ class TrainingConfig:
                                    min=0, max=64)
     styled_pick: str = setting(
         "ratings", "which styles styled_rollouts asks for: ratings = by your ratings of the "
-                   "replies served in each (generation.explore_styles; as explore_pick "
-                   "draws), so a style you rated above your usual is sampled and trained on "
-                   "more often; uniform = each equally often. Uniform until a reply served "
-                   "in a style is rated",
+                   "replies served in each (generation.explore_styles): the style you rated "
+                   "furthest above your usual in each prompt's first styled rollout, the "
+                   "others as explore_pick draws; uniform = each equally often. Uniform "
+                   "until a reply served in a style is rated",
         choices=("ratings", "uniform"))
     styles_file: str | None = setting(None, "style instructions for styled_rollouts and "
                                             "explore_styles, one a line in a text file; null = "

@@ -222,21 +222,27 @@ def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled:
     """What to sample, one reply each, for ``k`` replies to each of ``prompts`` of which
     ``styled`` carry an instruction: (contexts, the prompt each belongs to, its instruction
     or None). Instructions are drawn with ``seed``, without repeats within a prompt while
-    the list lasts: uniformly, or by the person's ratings (``pick_style``) when ``rated``
-    holds any (``training.styled_pick: ratings``), so the styles they rated above their
-    usual are sampled, scored and trained on more often. A prompt the template cannot be
-    read in, or whose styled context is longer than ``limit`` tokens (the room left for a
-    reply), is sampled plainly."""
+    the list lasts: uniformly, or by the person's ratings when ``rated`` holds any
+    (``training.styled_pick: ratings``). Then each prompt's first styled reply is asked for
+    in the style the ratings favour most (``favoured_by_ratings``), where one is rated above
+    the person's usual, and the others are drawn by Thompson sampling (``pick_style``):
+    the served replies explore for the person to rate, the rollouts, which nobody rates,
+    exploit what the ratings already show. A prompt the template cannot be read in, or whose
+    styled context is longer than ``limit`` tokens (the room left for a reply), is sampled
+    plainly."""
     rng = random.Random(f"{seed}-styles")
     tail = template_tail(tokenizer)
     encoded = {s: instruction_ids(tokenizer, s) for s in styles}
     by_ratings = rated is not None and bool(rated.scores)
+    top = next((row["style"] for row in favoured_by_ratings(rated, n=len(styles))
+                if row["style"] in styles), None) if by_ratings else None
     contexts, owners, used = [], [], []
     for g, prompt in enumerate(prompts):
         if by_ratings:
             drawn, left = [], list(styles)
             for _ in range(min(styled, len(styles))):
-                drawn.append(pick_style(left, rated, rng))
+                drawn.append(top if top is not None and not drawn else
+                             pick_style(left, rated, rng))
                 left.remove(drawn[-1])
             drawn += [pick_style(styles, rated, rng) for _ in range(styled - len(drawn))]
         else:

@@ -226,9 +226,10 @@ def test_the_explorer_picks_by_ratings_only_when_asked_and_once_there_are_rating
 
 
 def test_styled_rollouts_draw_by_the_ratings_without_repeats_within_a_prompt(tokenizer):
-    """training.styled_pick: ratings. The rollouts of a round ask for the liked list more
-    often than a uniform draw does, never twice for one prompt, and uniformly when nothing
-    served in a style was rated."""
+    """training.styled_pick: ratings. Every prompt's first styled rollout asks for the
+    style rated furthest above the person's usual, the next one for another, drawn by
+    Thompson sampling; with nothing rated above the usual, all are drawn that way, and
+    with nothing served in a style rated, or `uniform`, uniformly."""
     prompts = [render(tokenizer, f"Question number {i}?") for i in range(200)]
 
     def drawn(rated):
@@ -239,9 +240,13 @@ def test_styled_rollouts_draw_by_the_ratings_without_repeats_within_a_prompt(tok
         return used
 
     by_ratings = drawn(LIST_LIKED)
-    assert by_ratings.count("Use a bulleted list.") > 100     # of 200 prompts; uniform: 25
-    assert len(set(by_ratings) - {None}) == len(BUILTIN_STYLES)  # the others still tried
+    assert by_ratings[2::4] == ["Use a bulleted list."] * 200  # the first: the favoured one
+    second = by_ratings[3::4]
+    assert len(set(second)) == len(BUILTIN_STYLES) - 1          # the others still tried
+    assert second.count("Be warm and encouraging.") < 200 / 15  # rated below the usual
     assert by_ratings == drawn(LIST_LIKED)                     # the seed repeats it
+    disliked = StyleRatings(scores=(5,) * 10 + (1,), by_style={"Use a bulleted list.": (1,)})
+    assert 0 < drawn(disliked).count("Use a bulleted list.") < 25   # nothing favoured
     for rated in (None, StyleRatings(scores=(1, 5, 3))):      # uniform; nothing styled rated
         assert drawn(rated).count("Use a bulleted list.") < 50
 
