@@ -223,7 +223,8 @@ class TrainingConfig:
     styled_pick: str = setting(
         "ratings", "which styles styled_rollouts asks for: ratings = by your ratings of the "
                    "replies served in each (generation.explore_styles): the style you rated "
-                   "furthest above your usual in each prompt's first styled rollout, the "
+                   "furthest above your usual (twice or more) in each prompt's first "
+                   "styled rollout, the "
                    "others as explore_pick draws; uniform = each equally often. Uniform "
                    "until a reply served in a style is rated",
         choices=("ratings", "uniform"))

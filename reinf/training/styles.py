@@ -215,6 +215,11 @@ class Explorer:
         return styled, style
 
 
+#: Ratings a style needs before ``styled_contexts`` asks for it in every prompt's first
+#: styled rollout: with one, a single lucky rating filled them all (docs/benchmarks.md).
+EXPLOIT_RATINGS = 2
+
+
 def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled: int,
                     styles: Sequence[str], *, seed: int, limit: int,
                     rated: StyleRatings | None = None
@@ -224,8 +229,9 @@ def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled:
     or None). Instructions are drawn with ``seed``, without repeats within a prompt while
     the list lasts: uniformly, or by the person's ratings when ``rated`` holds any
     (``training.styled_pick: ratings``). Then each prompt's first styled reply is asked for
-    in the style the ratings favour most (``favoured_by_ratings``), where one is rated above
-    the person's usual, and the others are drawn by Thompson sampling (``pick_style``):
+    in the style the ratings favour most (``favoured_by_ratings``) among those rated at
+    least ``EXPLOIT_RATINGS`` times, where one is rated above the person's usual, and the
+    others are drawn by Thompson sampling (``pick_style``):
     the served replies explore for the person to rate, the rollouts, which nobody rates,
     exploit what the ratings already show. A prompt the template cannot be read in, or whose
     styled context is longer than ``limit`` tokens (the room left for a reply), is sampled
@@ -235,7 +241,8 @@ def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled:
     encoded = {s: instruction_ids(tokenizer, s) for s in styles}
     by_ratings = rated is not None and bool(rated.scores)
     top = next((row["style"] for row in favoured_by_ratings(rated, n=len(styles))
-                if row["style"] in styles), None) if by_ratings else None
+                if row["style"] in styles and row["ratings"] >= EXPLOIT_RATINGS),
+               None) if by_ratings else None
     contexts, owners, used = [], [], []
     for g, prompt in enumerate(prompts):
         if by_ratings:

@@ -227,8 +227,8 @@ def test_the_explorer_picks_by_ratings_only_when_asked_and_once_there_are_rating
 
 def test_styled_rollouts_draw_by_the_ratings_without_repeats_within_a_prompt(tokenizer):
     """training.styled_pick: ratings. Every prompt's first styled rollout asks for the
-    style rated furthest above the person's usual, the next one for another, drawn by
-    Thompson sampling; with nothing rated above the usual, all are drawn that way, and
+    style rated furthest above the person's usual (rated twice at least), the next one
+    for another, drawn by Thompson sampling; with nothing rated above the usual, all are drawn that way, and
     with nothing served in a style rated, or `uniform`, uniformly."""
     prompts = [render(tokenizer, f"Question number {i}?") for i in range(200)]
 
@@ -245,6 +245,8 @@ def test_styled_rollouts_draw_by_the_ratings_without_repeats_within_a_prompt(tok
     assert len(set(second)) == len(BUILTIN_STYLES) - 1          # the others still tried
     assert second.count("Be warm and encouraging.") < 200 / 15  # rated below the usual
     assert by_ratings == drawn(LIST_LIKED)                     # the seed repeats it
+    once = StyleRatings(scores=(1,) * 20 + (5,), by_style={"Use a bulleted list.": (5,)})
+    assert drawn(once)[2::4].count("Use a bulleted list.") < 200     # one 5: not exploited
     disliked = StyleRatings(scores=(5,) * 10 + (1,), by_style={"Use a bulleted list.": (1,)})
     assert 0 < drawn(disliked).count("Use a bulleted list.") < 25   # nothing favoured
     for rated in (None, StyleRatings(scores=(1, 5, 3))):      # uniform; nothing styled rated
