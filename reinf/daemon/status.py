@@ -223,8 +223,7 @@ def explore_status(config: Config, store=None) -> dict:
             styles = set(load_styles(path))
         except BadInput:
             styles = set()
-        favoured = [row for row in favoured_by_ratings(store.style_ratings(), n=len(styles))
-                    if row["style"] in styles][:3]
+        favoured = favoured_by_ratings(store.style_ratings(), among=styles)
     line = "off"
     if share > 0:
         how = "picked by your ratings" if pick == "ratings" else "each equally often"

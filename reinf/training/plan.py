@@ -119,7 +119,7 @@ def usable(session, sample) -> bool:
 # --- stage 2 and 3: rollouts and their rewards --------------------------------------------
 
 def collect_rollouts(config, session, rating_model, samples, episodes, *, now, seed: int,
-                     report, rated=None
+                     report, rated=None, imitate_ids: set[int] = frozenset()
                      ) -> tuple[list[tuple], list[int], set[int], dict[str, Any]]:
     """The round's episodes in rollout mode, with their group ids (one group per prompt),
     the ``id`` of those the imitation term reads (``training.imitate_styled``) and the
@@ -128,9 +128,12 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     Fresh replies are sampled from the current adapter for ``rollout_prompts`` prompts,
     ``rollouts_per_prompt`` each, scored pessimistically by the rating model, and passed
     through the person's reward mapper and critics with their own metadata. The person's
-    rated replies to the same prompts stay in the batch with their real score. ``rated``
-    (StyleRatings, with ``training.styled_pick: ratings``) draws the styled replies' styles
-    by the person's ratings.
+    rated replies to the same prompts stay in the batch with their real score, and so do
+    the episodes the imitation term reads (``imitate_ids``: rewrites, the replies
+    ``imitate_rated`` / ``imitate_explored`` pick) whose prompts no rollout drew, in groups
+    of their own by prompt (``imitated_joined``). ``rated`` (StyleRatings, with
+    ``training.styled_pick: ratings``) draws the styled replies' styles by the person's
+    ratings.
     """
     from reinf.records import Sample
     from reinf.rewards.mapper import compute_rewards
@@ -195,8 +198,13 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     for e in human:  # a human label beats a prediction: the real score, in its prompt's group
         out.append(e)
         groups.append(group_of[tuple(e[0])])
+    joined = [e for e in episodes if id(e) in imitate_ids and tuple(e[0]) not in group_of]
+    for e in joined:  # imitated all the same; alone in its group, against the batch (RLOO)
+        out.append(e)
+        groups.append(group_of.setdefault(tuple(e[0]), len(group_of)))
     return out, groups, imitate, {
         "rollouts": len(rollouts), "rollout_prompts": len(prompts), "rated_in_batch": len(human),
+        "imitated_joined": len(joined),
         **({"styled_imitated": len(imitate)} if t.imitate_styled and styled else {}),
         "rollout_tokens": sum(len(r.reply_ids) for r in rollouts),
         "predicted_score_mean": sum(predicted) / max(len(predicted), 1),
@@ -215,15 +223,24 @@ def styled_to_imitate(rollouts, predicted: list[float], styles: list[str | None]
     higher."""
     if margin <= 0 or not any(styles):
         return set()
-    plain: dict[int, list[float]] = {}
+    plain = plain_means(rollouts, predicted, styles)
     best: dict[int, int] = {}
     for i, (r, score, style) in enumerate(zip(rollouts, predicted, styles)):
+        if style is not None and r.group in plain and (
+                r.group not in best or score > predicted[best[r.group]]):
+            best[r.group] = i
+    return {i for group, i in best.items() if predicted[i] >= plain[group] + margin}
+
+
+def plain_means(rollouts, predicted: list[float], styles: list[str | None]
+                ) -> dict[int, float]:
+    """The mean predicted score of the plain (unstyled) replies to each prompt, by group:
+    what a styled reply to the same prompt is measured against."""
+    plain: dict[int, list[float]] = {}
+    for r, score, style in zip(rollouts, predicted, styles):
         if style is None:
             plain.setdefault(r.group, []).append(score)
-        elif r.group not in best or score > predicted[best[r.group]]:
-            best[r.group] = i
-    return {i for group, i in best.items() if group in plain
-            and predicted[i] >= sum(plain[group]) / len(plain[group]) + margin}
+    return {group: sum(scores) / len(scores) for group, scores in plain.items()}
 
 
 def styled_figures(rollouts, predicted: list[float], styles: list[str | None]
@@ -238,15 +255,11 @@ def styled_figures(rollouts, predicted: list[float], styles: list[str | None]
     empty when the round styled nothing)."""
     if not any(styles):
         return {}
-    plain: dict[int, list[float]] = {}
-    for r, score, style in zip(rollouts, predicted, styles):
-        if style is None:
-            plain.setdefault(r.group, []).append(score)
+    plain = plain_means(rollouts, predicted, styles)
     gains: dict[str, list[float]] = {}
     for r, score, style in zip(rollouts, predicted, styles):
         if style is not None and r.group in plain:
-            base = plain[r.group]
-            gains.setdefault(style, []).append(score - sum(base) / len(base))
+            gains.setdefault(style, []).append(score - plain[r.group])
     every = [x for xs in gains.values() for x in xs]
     per_style = {s: round(sum(xs) / len(xs), 3) for s, xs in gains.items()}
     return {"styled_rollouts": sum(s is not None for s in styles),

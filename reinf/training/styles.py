@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from reinf.errors import BadInput
 from reinf.records import StyleRatings
@@ -138,13 +138,17 @@ def pick_style(styles: Sequence[str], rated: StyleRatings, rng: random.Random) -
     return best
 
 
-def favoured_by_ratings(rated: StyleRatings, n: int = 3) -> list[dict]:
+def favoured_by_ratings(rated: StyleRatings, n: int = 3,
+                        among: Collection[str] | None = None) -> list[dict]:
     """The styles ``pick_style`` now asks for more often than one nobody rated, best first
-    (by their posterior mean), at most ``n``: ``{style, ratings, mean}`` with ``mean`` the
-    average of their ratings (what ``reinf status`` shows)."""
+    (by their posterior mean), at most ``n``, only those ``among`` the current list when
+    given (a style dropped from the styles file stays in old ratings): ``{style, ratings,
+    mean}`` with ``mean`` the average of their ratings (what ``reinf status`` shows)."""
     a0, b0 = _prior(rated)
     rows = []
     for style, scores in rated.by_style.items():
+        if among is not None and style not in among:
+            continue
         wins = sum(map(_success, scores))
         if (a0 + wins) / (a0 + b0 + len(scores)) > a0 / (a0 + b0):
             rows.append(((a0 + wins) / (a0 + b0 + len(scores)),
@@ -240,9 +244,8 @@ def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled:
     tail = template_tail(tokenizer)
     encoded = {s: instruction_ids(tokenizer, s) for s in styles}
     by_ratings = rated is not None and bool(rated.scores)
-    top = next((row["style"] for row in favoured_by_ratings(rated, n=len(styles))
-                if row["style"] in styles and row["ratings"] >= EXPLOIT_RATINGS),
-               None) if by_ratings else None
+    top = next((row["style"] for row in favoured_by_ratings(rated, n=len(styles), among=styles)
+                if row["ratings"] >= EXPLOIT_RATINGS), None) if by_ratings else None
     contexts, owners, used = [], [], []
     for g, prompt in enumerate(prompts):
         if by_ratings:

@@ -217,15 +217,10 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                               reverse=True)
             batch, groups, styled_ids, rollout_metrics = collect_rollouts(
                 config, session, plan.rating_model, prompted, episodes + shown, now=now,
-                seed=seed, report=step, rated=rated_styles)
+                seed=seed, report=step, rated=rated_styles, imitate_ids=imitate_ids)
             # training.imitate_styled: the styled rollouts the rating model liked best (this
             # pass's only: an id is an object's while it lives)
             imitated = imitate_ids | styled_ids
-            # what the imitation term reads joins the batch even where no rollout drew its
-            # prompt (rewrites, the replies imitate_rated / imitate_explored pick)
-            drew = len(batch)
-            batch, groups = with_imitated(batch, groups, episodes + shown, imitate_ids)
-            rollout_metrics["imitated_joined"] = len(batch) - drew
         elif hp.advantage == "rloo":
             # A rated round's baseline under RLOO: the other rated replies to the same prompt
             # (a regenerated and rated one), else the mean of every other rated reply.
@@ -362,21 +357,6 @@ def merge_passes(passes: list[dict[str, Any]]) -> dict[str, Any]:
 def _numbered(report: Callable, i: int, n: int) -> Callable:
     """``report`` with each event marked as pass ``i`` of ``n`` (the progress bars say so)."""
     return lambda event: report({**event, "iteration": i, "iterations": n})
-
-
-def with_imitated(batch: list, groups: list[int], candidates: list, imitate_ids: set[int]
-                  ) -> tuple[list, list[int]]:
-    """A rollout batch with the ``candidates`` the imitation term reads (``imitate_ids``)
-    that it lacks: those whose prompts no rollout drew. They join in groups of their own, one
-    per prompt, so each is weighed against the other replies to its prompt, or alone against
-    the batch (``reinf.training.ppo.compute_rloo``)."""
-    have = {id(e) for e in batch}
-    extra = [e for e in candidates if id(e) in imitate_ids and id(e) not in have]
-    if not extra:
-        return batch, groups
-    first = max(groups, default=-1) + 1
-    own = prompt_groups(extra)
-    return batch + extra, groups + [first + g for g in own]
 
 
 def prompt_groups(episodes) -> list[int]:

@@ -228,8 +228,8 @@ def test_the_explorer_picks_by_ratings_only_when_asked_and_once_there_are_rating
 def test_styled_rollouts_draw_by_the_ratings_without_repeats_within_a_prompt(tokenizer):
     """training.styled_pick: ratings. Every prompt's first styled rollout asks for the
     style rated furthest above the person's usual (rated twice at least), the next one
-    for another, drawn by Thompson sampling; with nothing rated above the usual, all are drawn that way, and
-    with nothing served in a style rated, or `uniform`, uniformly."""
+    for another, drawn by Thompson sampling; with nothing rated above the usual, all are
+    drawn that way, and with nothing served in a style rated, or `uniform`, uniformly."""
     prompts = [render(tokenizer, f"Question number {i}?") for i in range(200)]
 
     def drawn(rated):
