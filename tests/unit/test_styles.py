@@ -246,7 +246,7 @@ def test_styled_rollouts_draw_by_the_ratings_without_repeats_within_a_prompt(tok
     assert second.count("Be warm and encouraging.") < 200 / 15  # rated below the usual
     assert by_ratings == drawn(LIST_LIKED)                     # the seed repeats it
     once = StyleRatings(scores=(1,) * 20 + (5,), by_style={"Use a bulleted list.": (5,)})
-    assert drawn(once)[2::4].count("Use a bulleted list.") < 200     # one 5: not exploited
+    assert drawn(once)[2::4].count("Use a bulleted list.") < 100     # one 5: drawn, 35 here
     disliked = StyleRatings(scores=(5,) * 10 + (1,), by_style={"Use a bulleted list.": (1,)})
     assert 0 < drawn(disliked).count("Use a bulleted list.") < 25   # nothing favoured
     for rated in (None, StyleRatings(scores=(1, 5, 3))):      # uniform; nothing styled rated
