@@ -269,7 +269,8 @@ class TrainingConfig:
     imitate_styled: float = setting(0.0, "a styled rollout (styled_rollouts) the rating "
                                          "model scores at least this many rating points "
                                          "above the plain replies to its prompt (the "
-                                         "pessimistic score) is imitated as a plain answer, "
+                                         "pessimistic score, plus its style's lift in your "
+                                         "ratings) is imitated as a plain answer, "
                                          "as your rewrites are, the best one a prompt: it "
                                          "moves further than PPO's clip lets it; 0 = off "
                                          "(docs/training.md, \"Styled rollouts\")",

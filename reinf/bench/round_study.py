@@ -204,7 +204,7 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                             "rated_imitated", "imitation_active", "approx_kl", "clipfrac",
                             "steps", "early_stopped", "styled_rollouts",
                             "styled_score_gain", "style_gains", "style_counts",
-                            "styled_imitated"):
+                            "styled_imitated", "style_lifts"):
                     if metrics.get(key) is not None:
                         figures[key] = metrics[key]
                 if path is not None:

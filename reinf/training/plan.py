@@ -131,15 +131,15 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     rated replies to the same prompts stay in the batch with their real score, and so do
     the episodes the imitation term reads (``imitate_ids``: rewrites, the replies
     ``imitate_rated`` / ``imitate_explored`` pick) whose prompts no rollout drew, in groups
-    of their own by prompt (``imitated_joined``). ``rated`` (StyleRatings, with
-    ``training.styled_pick: ratings``) draws the styled replies' styles by the person's
-    ratings.
+    of their own by prompt (``imitated_joined``). ``rated`` (StyleRatings: the person's
+    ratings by style) draws the styled replies' styles under ``training.styled_pick:
+    ratings`` and gives each style's lift to ``training.imitate_styled``.
     """
     from reinf.records import Sample
     from reinf.rewards.mapper import compute_rewards
     from reinf.training.rating_model import reply_features
     from reinf.training.rollouts import choose_prompts, sample_rollouts
-    from reinf.training.styles import load_styles, styled_contexts
+    from reinf.training.styles import load_styles, style_lifts, styled_contexts
 
     t, g = config.training, config.generation
     started = time.perf_counter()
@@ -158,7 +158,8 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
         # their plain prompt: scored and trained as answers to what the person wrote
         contexts, owners, styles = styled_contexts(
             tokenizer, prompts, t.rollouts_per_prompt, styled, load_styles(t.styles_file),
-            seed=seed, limit=session.context_limit - max_new, rated=rated)
+            seed=seed, limit=session.context_limit - max_new,
+            rated=rated if t.styled_pick == "ratings" else None)
     else:
         contexts, owners, styles = prompts, [], []
     rollouts = sample_rollouts(
@@ -184,7 +185,8 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
                            labels=[f"a fresh reply to prompt {r.group + 1} (predicted score "
                                    f"{s:.2f})" for r, s in zip(rollouts, predicted)])
     group_of = {tuple(p): i for i, p in enumerate(prompts)}
-    chosen = styled_to_imitate(rollouts, predicted, styles, t.imitate_styled)
+    lifts = style_lifts(rated) if rated is not None else {}
+    chosen = styled_to_imitate(rollouts, predicted, styles, t.imitate_styled, lifts)
     out, groups, imitate = [], [], set()
     for i, (r, row) in enumerate(zip(rollouts, rows)):
         if row.kept:
@@ -205,7 +207,9 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     return out, groups, imitate, {
         "rollouts": len(rollouts), "rollout_prompts": len(prompts), "rated_in_batch": len(human),
         "imitated_joined": len(joined),
-        **({"styled_imitated": len(imitate)} if t.imitate_styled and styled else {}),
+        **({"styled_imitated": len(imitate),
+            "style_lifts": {s: round(x, 3) for s, x in lifts.items() if s in set(styles)}}
+           if t.imitate_styled and styled else {}),
         "rollout_tokens": sum(len(r.reply_ids) for r in rollouts),
         "predicted_score_mean": sum(predicted) / max(len(predicted), 1),
         **styled_figures(rollouts, predicted, styles),
@@ -213,23 +217,28 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
 
 
 def styled_to_imitate(rollouts, predicted: list[float], styles: list[str | None],
-                      margin: float) -> set[int]:
+                      margin: float, lifts: dict[str, float] | None = None) -> set[int]:
     """``training.imitate_styled``: the indices of the styled rollouts to imitate as plain
-    answers. For each prompt, its best-scored styled reply, where that score is at least
-    ``margin`` above the mean of the plain replies to the prompt (scores: the rating
-    model's pessimistic predictions); none for a prompt without plain replies, and none at
-    all when ``margin`` is 0 (off). The rating model reads the prompt, so a person who
-    wants a list for a how-to and one sentence for a fact gets each where it was scored
-    higher."""
+    answers. For each prompt, its best styled reply, where its score is at least ``margin``
+    above the mean of the plain replies to the prompt; none for a prompt without plain
+    replies, and none at all when ``margin`` is 0 (off). A reply's score is the rating
+    model's pessimistic prediction, plus for a styled one the lift the person's ratings of
+    replies asked for in its style show (``lifts``, reinf.training.styles.style_lifts): a
+    few dozen ratings teach the rating model little about a style the policy seldom
+    writes, while ratings of the explored replies say it outright. The rating model reads
+    the prompt, so a person who wants a list for a how-to and one sentence for a fact gets
+    each where it was scored higher."""
     if margin <= 0 or not any(styles):
         return set()
+    lifts = lifts or {}
     plain = plain_means(rollouts, predicted, styles)
-    best: dict[int, int] = {}
+    best: dict[int, tuple[float, int]] = {}
     for i, (r, score, style) in enumerate(zip(rollouts, predicted, styles)):
-        if style is not None and r.group in plain and (
-                r.group not in best or score > predicted[best[r.group]]):
-            best[r.group] = i
-    return {i for group, i in best.items() if predicted[i] >= plain[group] + margin}
+        if style is not None and r.group in plain:
+            score += lifts.get(style, 0.0)
+            if r.group not in best or score > best[r.group][0]:
+                best[r.group] = (score, i)
+    return {i for group, (score, i) in best.items() if score >= plain[group] + margin}
 
 
 def plain_means(rollouts, predicted: list[float], styles: list[str | None]

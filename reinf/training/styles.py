@@ -116,6 +116,11 @@ def instruction_ids(tokenizer, style: str) -> list[int]:
 PRIOR_RATINGS = 2.0
 
 
+#: Ratings a style needs before ``styled_contexts`` asks for it in every prompt's first
+#: styled rollout, and before ``style_lifts`` counts its ratings: with one, a single lucky rating filled them all (docs/benchmarks.md).
+EXPLOIT_RATINGS = 2
+
+
 def pick_style(styles: Sequence[str], rated: StyleRatings, rng: random.Random) -> str:
     """One of ``styles`` by Thompson sampling over the person's ratings of the replies that
     were asked for in each (``explore_pick: ratings``).
@@ -155,6 +160,22 @@ def favoured_by_ratings(rated: StyleRatings, n: int = 3,
                          {"style": style, "ratings": len(scores),
                           "mean": round(sum(scores) / len(scores), 2)}))
     return [row for _, row in sorted(rows, key=lambda r: -r[0])[:n]]
+
+
+def style_lifts(rated: StyleRatings) -> dict[str, float]:
+    """By style, how many rating points above (or below) the person's usual a reply asked
+    for in it is rated, as the ratings show it: the posterior mean of ``pick_style``'s beta
+    minus its prior mean (a style nobody rated), times the scale's 4 points. Only styles
+    rated at least ``EXPLOIT_RATINGS`` times. The prior shrinks a few ratings towards the usual: two 5s against a person
+    who rates most replies 1 lift a style by about 1.5 points, one 5 is not counted."""
+    a0, b0 = _prior(rated)
+    lifts = {}
+    for style, scores in rated.by_style.items():
+        if len(scores) < EXPLOIT_RATINGS:
+            continue
+        wins = sum(map(_success, scores))
+        lifts[style] = 4 * ((a0 + wins) / (a0 + b0 + len(scores)) - a0 / (a0 + b0))
+    return lifts
 
 
 def _success(score: int) -> float:
@@ -217,11 +238,6 @@ class Explorer:
         if styled is None or (limit is not None and len(styled) > limit):
             return plain, None
         return styled, style
-
-
-#: Ratings a style needs before ``styled_contexts`` asks for it in every prompt's first
-#: styled rollout: with one, a single lucky rating filled them all (docs/benchmarks.md).
-EXPLOIT_RATINGS = 2
 
 
 def styled_contexts(tokenizer, prompts: Sequence[Sequence[int]], k: int, styled: int,

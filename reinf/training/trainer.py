@@ -202,9 +202,10 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     device = session.loaded.device
     iterations = config.training.rollout_iterations if plan.mode == "rollouts" else 1
     t = config.training
-    # training.styled_pick: the styled rollouts' styles drawn by the person's ratings
+    # the person's ratings by style: training.styled_pick draws the styled rollouts' styles
+    # by them, training.imitate_styled reads each style's lift
     rated_styles = (store.style_ratings() if plan.mode == "rollouts" and t.styled_rollouts
-                    and t.styled_pick == "ratings" else None)
+                    and (t.styled_pick == "ratings" or t.imitate_styled) else None)
     passes: list[dict[str, Any]] = []
     for i in range(iterations):
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i

@@ -333,7 +333,9 @@ def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, s
     """``training.styled_pick: ratings``: six replies served in one style (explore_styles,
     through the real chat path) were rated 5, the usual reply 1 or 2, so the round's styled
     rollouts ask for it for every prompt, where a uniform draw from eight styles would for
-    about one in four."""
+    about one in four. With ``training.imitate_styled`` the style's lift from those ratings
+    (over 1 point) is added to its replies' scores, so a styled reply is imitated for every
+    prompt."""
     from reinf.demo.corpus import sample_prompts
     from reinf.serving.chat import ChatService
     from reinf.serving.engine import Engine
@@ -357,7 +359,7 @@ def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, s
         store.rate(turn.id, 1 + turn.id % 2)
     cfg = config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
                          training_styled_rollouts=2, training_styles_file=str(every),
-                         training_min_consistency=-1.0, seed=0)
+                         training_min_consistency=-1.0, training_imitate_styled=0.5, seed=0)
     assert cfg.training.styled_pick == "ratings"      # the default
     result = train_round(cfg, store)
     m = result.metrics
@@ -365,6 +367,8 @@ def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, s
     assert m["mode"] == "rollouts" and sum(m["style_counts"].values()) == 16
     assert list(m["style_counts"])[0] == styles[0]
     assert m["style_counts"][styles[0]] == 8, m["style_counts"]  # of 8 prompts; uniform: ~2
+    assert m["style_lifts"][styles[0]] > 1.0, m["style_lifts"]
+    assert m["styled_imitated"] == 8, m      # one a prompt, all 8; without the lift 5 here
 
 
 def test_imitating_the_best_styled_rollouts_moves_the_model_further_toward_them(

@@ -131,6 +131,38 @@ def test_the_styled_reply_imitated_is_a_prompt_s_best_and_clears_the_margin():
     assert styled_to_imitate(r, scores, [None] * 9, 0.5) == set()      # nothing styled
 
 
+def test_a_style_the_ratings_lift_is_imitated_where_the_rating_model_alone_would_not():
+    """The ratings of explored replies add each style's lift to its styled replies' scores:
+    the rating model, flat after a few ratings, does not hold back a style the person has
+    rated well, and a style rated badly is not imitated on the rating model's word."""
+    from reinf.training.plan import styled_to_imitate
+
+    r = [SimpleNamespace(group=g) for g in (0, 0, 0, 0, 1, 1, 1, 1)]
+    scores = [1.5, 1.5, 1.6, 1.7, 2.0, 2.0, 2.8, 2.1]   # a rating model that barely tells
+    styles = [None, None, "list", "brief", None, None, "formal", "list"]
+    assert styled_to_imitate(r, scores, styles, 0.5) == {6}
+    lifts = {"list": 1.0, "formal": -1.0}
+    # prompt 0: list 1.6 + 1.0 beats brief 1.7 and plain 1.5 by 1.1; prompt 1: the list
+    # (2.1 + 1.0) beats the formal reply (2.8 - 1.0) and clears the margin
+    assert styled_to_imitate(r, scores, styles, 0.5, lifts) == {2, 7}
+    assert styled_to_imitate(r, scores, styles, 1.5, lifts) == set()
+
+
+def test_a_style_s_lift_is_its_ratings_over_the_usual_shrunk_and_needs_two_ratings():
+    from reinf.training.styles import style_lifts
+
+    ones = (1,) * 20
+    lifts = style_lifts(StyleRatings(
+        scores=ones + (5, 5, 1, 1, 5),
+        by_style={"list": (5, 5), "warm": (1, 1), "formal": (5,)}))
+    assert set(lifts) == {"list", "warm"}                       # one rating is not counted
+    assert 1.0 < lifts["list"] < 2.0 and lifts["warm"] < 0
+    more = style_lifts(StyleRatings(scores=ones + (5,) * 4, by_style={"list": (5,) * 4}))
+    assert more["list"] > lifts["list"]                          # more 5s, a surer lift
+    usual = style_lifts(StyleRatings(scores=(3,) * 10, by_style={"list": (3, 3)}))
+    assert usual["list"] == pytest.approx(0.0)                  # rated as usual: no lift
+
+
 def test_styled_figures_compare_each_styled_reply_with_the_plain_ones_to_its_prompt():
     from reinf.training.plan import styled_figures
 
