@@ -270,7 +270,9 @@ class TrainingConfig:
                                          "model scores at least this many rating points "
                                          "above the plain replies to its prompt (the "
                                          "pessimistic score, plus its style's lift in your "
-                                         "ratings) is imitated as a plain answer, "
+                                         "ratings; before the rating model is trusted, a "
+                                         "reply in the style lifted this much) is imitated "
+                                         "as a plain answer, "
                                          "as your rewrites are, the best one a prompt: it "
                                          "moves further than PPO's clip lets it; 0 = off "
                                          "(docs/training.md, \"Styled rollouts\")",

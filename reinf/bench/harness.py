@@ -574,7 +574,7 @@ def summarize_round(result: dict, after: int) -> dict:
             "rewrites", "rewrites_imitated", "rated_imitated", "imitation_loss",
             "imitation_target", "imitation_active", "rating_model_rewrites",
             "styled_rollouts", "styled_score_gain", "style_counts", "styled_imitated",
-            "style_lifts", "imitated_joined")
+            "style_lifts", "styled_style", "imitated_joined")
     by_model = (m.get("vs_base") or {}).get("by_rating_model") or {}
     return {"after_ratings": after, "status": result["status"],
             "checkpoint_id": result.get("checkpoint_id"), "message": result.get("message"),

@@ -9,7 +9,9 @@ Stages 1 to 3 of a round (``reinf.training.trainer`` runs them in order; docs/tr
 - ``collect_rollouts`` (stages 2 and 3, rollout mode only) samples fresh replies from the
   current adapter (``reinf.training.rollouts``), scores them with the rating model and the
   person's reward mapper, and keeps the person's rated replies to the same prompts beside
-  them: one group per prompt.
+  them: one group per prompt;
+- ``styled_demonstrations`` (rated mode, ``training.imitate_styled``) samples replies in the
+  style the person's ratings lift most, for the imitation term.
 
 ``usable`` is the one rule for the rated turns the models can read; the gate's measures
 (``reinf.training.promotion``) use it too. torch loads inside the functions only.
@@ -135,20 +137,14 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     ratings by style) draws the styled replies' styles under ``training.styled_pick:
     ratings`` and gives each style's lift to ``training.imitate_styled``.
     """
-    from reinf.records import Sample
     from reinf.rewards.mapper import compute_rewards
     from reinf.training.rating_model import reply_features
-    from reinf.training.rollouts import choose_prompts, sample_rollouts
+    from reinf.training.rollouts import sample_rollouts
     from reinf.training.styles import load_styles, style_lifts, styled_contexts
 
     t, g = config.training, config.generation
     started = time.perf_counter()
-    fits = [s for s in samples if usable(session, s)]
-    max_new = t.rollout_max_new_tokens or g.max_new_tokens
-    fits = [s for s in fits if len(s.prompt_ids) + max_new <= session.context_limit] or fits
-    prompts = choose_prompts(fits, t.rollout_prompts, newest=math.ceil(t.rollout_prompts / 2),
-                             seed=seed)
-    text_of = {tuple(s.prompt_ids): s.prompt for s in fits}
+    prompts, text_of, max_new = _rollout_prompts(config, session, samples, seed)
     total = len(prompts) * t.rollouts_per_prompt
     report({"stage": "rollouts", "done": 0, "total": total})
     tokenizer = session.loaded.tokenizer
@@ -174,12 +170,7 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
     features = reply_features(session.policy.model, [(r.prompt_ids, r.reply_ids) for r in rollouts],
                               batch_size=config.ppo.batch_size * 2)
     predicted = rating_model.score(features, t.pessimism).tolist()
-    fresh = [Sample(turn_id=0, conversation_id=0, turn_index=0, user_id="local",
-                    prompt=text_of.get(tuple(r.prompt_ids), ""), response=r.text,
-                    prompt_ids=r.prompt_ids, reply_ids=r.reply_ids, logprobs=r.logprobs,
-                    checkpoint_id=session.parent_id, score=score, tags=[], comment="",
-                    critical=False, rated_at=now, created_at=now, temperature=g.temperature,
-                    predicted=True)
+    fresh = [_fresh_sample(r, score, text_of, session, now, g.temperature)
              for r, score in zip(rollouts, predicted)]
     rows = compute_rewards(config, fresh, now=now,
                            labels=[f"a fresh reply to prompt {r.group + 1} (predicted score "
@@ -214,6 +205,90 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
         "predicted_score_mean": sum(predicted) / max(len(predicted), 1),
         **styled_figures(rollouts, predicted, styles),
         "rollout_seconds": sampled - started, "scoring_seconds": time.perf_counter() - sampled}
+
+
+def _rollout_prompts(config, session, samples, seed: int
+                     ) -> tuple[list[list[int]], dict[tuple, str], int]:
+    """A round's rollout prompts (``rollout_prompts`` of the rated ones, half the newest),
+    their text by ids, and the most tokens a reply may take. A prompt that leaves no room
+    for a full reply is drawn only when every prompt is that long."""
+    from reinf.training.rollouts import choose_prompts
+
+    t = config.training
+    fits = [s for s in samples if usable(session, s)]
+    max_new = t.rollout_max_new_tokens or config.generation.max_new_tokens
+    fits = [s for s in fits if len(s.prompt_ids) + max_new <= session.context_limit] or fits
+    prompts = choose_prompts(fits, t.rollout_prompts, newest=math.ceil(t.rollout_prompts / 2),
+                             seed=seed)
+    return prompts, {tuple(s.prompt_ids): s.prompt for s in fits}, max_new
+
+
+def styled_demonstrations(config, session, samples, rated, *, now, seed: int, report
+                          ) -> tuple[list[tuple], dict[str, Any]]:
+    """``training.imitate_styled`` in a round whose rating model is not trusted yet (rated
+    mode): the style the person's ratings lift most, where that lift is at least the
+    margin, still reaches the policy. For each of ``rollout_prompts`` rated prompts one
+    reply is sampled from the current adapter asked for in that style, put back under its
+    plain prompt, and returned as an episode to imitate, with the reward of the person's
+    usual rating plus the lift (through their reward mapper), and the round's metrics
+    (``styled_imitated``, ``style_lifts``, ``styled_style``). None where no style is lifted
+    that far, with ``training.method: rated`` or without ``styled_rollouts``.
+
+    It exists because a rating model fitted on a few dozen ratings, most of them of plain
+    replies, can fail its consistency check for rounds after the ratings of the explored
+    replies already show a style is liked (docs/training.md, "Styled rollouts")."""
+    from reinf.rewards.mapper import compute_rewards
+    from reinf.training.rollouts import sample_rollouts
+    from reinf.training.styles import (instruction_ids, load_styles, style_lifts,
+                                       template_tail, with_instruction)
+
+    t, g = config.training, config.generation
+    if (t.method != "rollouts" or not t.imitate_styled or not t.styled_rollouts
+            or rated is None or not rated.scores):
+        return [], {}
+    styles = set(load_styles(t.styles_file))
+    lifts = {s: x for s, x in style_lifts(rated).items() if s in styles}
+    style = max(lifts, key=lifts.get, default=None)
+    if style is None or lifts[style] < t.imitate_styled:
+        return [], {"style_lifts": {s: round(x, 3) for s, x in lifts.items()}} if lifts else {}
+    prompts, text_of, max_new = _rollout_prompts(config, session, samples, seed)
+    tokenizer = session.loaded.tokenizer
+    extra, tail = instruction_ids(tokenizer, style), template_tail(tokenizer)
+    limit = session.context_limit - max_new
+    pairs = [(p, c) for p in prompts
+             if (c := with_instruction(p, extra, tail)) is not None and len(c) <= limit]
+    if not pairs:
+        return [], {"style_lifts": {s: round(x, 3) for s, x in lifts.items()}}
+    report({"stage": "rollouts", "done": 0, "total": len(pairs)})
+    rollouts = sample_rollouts(
+        session.policy.model, tokenizer, [c for _, c in pairs], 1, temperature=g.temperature,
+        top_p=g.top_p, max_new_tokens=max_new, seed=seed, batch_size=t.rollout_batch_size,
+        progress=lambda done, n: report({"stage": "rollouts", "done": done, "total": n}))
+    score = min(5.0, sum(rated.scores) / len(rated.scores) + lifts[style])
+    for r in rollouts:  # back under its plain prompt
+        r.prompt_ids = list(pairs[r.group][0])
+    fresh = [_fresh_sample(r, score, text_of, session, now, g.temperature) for r in rollouts]
+    rows = compute_rewards(config, fresh, now=now,
+                           labels=[f"a reply asked for in the style {style!r} (score "
+                                   f"{score:.2f}: your usual plus its lift)"] * len(fresh))
+    # None: sampled by the round's own adapter (reinf.training.ppo.build_rollout)
+    out = [(r.prompt_ids, r.reply_ids, None, g.temperature, row.reward, 1.0)
+           for r, row in zip(rollouts, rows) if row.kept]
+    return out, {"styled_imitated": len(out), "styled_style": style,
+                 "style_lifts": {s: round(x, 3) for s, x in lifts.items()}}
+
+
+def _fresh_sample(r, score: float, text_of: dict[tuple, str], session, now, temperature):
+    """A round's fresh reply ``r`` as a Sample its reward mapper reads: ``score`` is the
+    rating it stands for (a prediction, in 1..5), and no turn stores it."""
+    from reinf.records import Sample
+
+    return Sample(turn_id=0, conversation_id=0, turn_index=0, user_id="local",
+                  prompt=text_of.get(tuple(r.prompt_ids), ""), response=r.text,
+                  prompt_ids=r.prompt_ids, reply_ids=r.reply_ids, logprobs=r.logprobs,
+                  checkpoint_id=session.parent_id, score=score, tags=[], comment="",
+                  critical=False, rated_at=now, created_at=now, temperature=temperature,
+                  predicted=True)
 
 
 def styled_to_imitate(rollouts, predicted: list[float], styles: list[str | None],

@@ -65,7 +65,7 @@ from reinf.errors import HookError, ReinfError, TrainingError
 from reinf.training import checkpoints
 from reinf.training.outcome import NothingToTrain
 from reinf.training.pairs import pairs_waiting
-from reinf.training.plan import collect_rollouts, plan_round
+from reinf.training.plan import collect_rollouts, plan_round, styled_demonstrations
 from reinf.training.rewrites import (best_rated_episodes, demonstrations, imitated_before,
                                      read_rewrites)
 from reinf.training.promotion import (gate, measure_fluency, measure_vs_base, promote,
@@ -203,9 +203,10 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     iterations = config.training.rollout_iterations if plan.mode == "rollouts" else 1
     t = config.training
     # the person's ratings by style: training.styled_pick draws the styled rollouts' styles
-    # by them, training.imitate_styled reads each style's lift
-    rated_styles = (store.style_ratings() if plan.mode == "rollouts" and t.styled_rollouts
-                    and (t.styled_pick == "ratings" or t.imitate_styled) else None)
+    # by them, training.imitate_styled reads each style's lift (in a rated round too)
+    rated_styles = (store.style_ratings() if t.styled_rollouts and (
+        t.imitate_styled or (plan.mode == "rollouts" and t.styled_pick == "ratings"))
+        else None)
     passes: list[dict[str, Any]] = []
     for i in range(iterations):
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
@@ -222,10 +223,17 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             # training.imitate_styled: the styled rollouts the rating model liked best (this
             # pass's only: an id is an object's while it lives)
             imitated = imitate_ids | styled_ids
-        elif hp.advantage == "rloo":
-            # A rated round's baseline under RLOO: the other rated replies to the same prompt
-            # (a regenerated and rated one), else the mean of every other rated reply.
-            groups = prompt_groups(batch)
+        else:
+            # training.imitate_styled before the rating model is trusted: replies in the
+            # style the person's ratings lift most, imitated (reinf.training.plan)
+            styled, rollout_metrics = styled_demonstrations(
+                config, session, samples, rated_styles, now=now, seed=seed, report=step)
+            batch = batch + styled
+            imitated = imitate_ids | {id(e) for e in styled}
+            if hp.advantage == "rloo":
+                # A rated round's baseline under RLOO: the other rated (or styled) replies
+                # to the same prompt, else the mean of every other reply in the batch.
+                groups = prompt_groups(batch)
         b = build_rollout(batch, device, groups=groups,
                           demos=[id(e) in imitated for e in batch] if imitated else None)
         session.reward_stats.update(b.rewards)

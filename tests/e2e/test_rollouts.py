@@ -329,46 +329,87 @@ def test_replies_served_in_a_style_are_rated_and_trained_as_answers_to_the_plain
     assert active_margin(store, tokenizer, pairs) > before + 0.02
 
 
-def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, store, tmp_path):
-    """``training.styled_pick: ratings``: six replies served in one style (explore_styles,
-    through the real chat path) were rated 5, the usual reply 1 or 2, so the round's styled
-    rollouts ask for it for every prompt, where a uniform draw from eight styles would for
-    about one in four. With ``training.imitate_styled`` the style's lift from those ratings
-    (over 1 point) is added to its replies' scores, so a styled reply is imitated for every
-    prompt."""
+STYLES = ["Use a list.", "Keep it short.", "Say more.", "Be formal.", "Be casual.",
+          "Give an example.", "Ask a question back.", "Explain step by step."]
+
+
+def rate_one_style_well(config, store, tmp_path):
+    """Six replies served in ``STYLES[0]`` (explore_styles, through the real chat path) rated
+    5, eighteen plain ones 1 or 2; returns the round's config: 8 rollout prompts, 4 replies
+    each, 2 of them styled from ``STYLES``."""
     from reinf.demo.corpus import sample_prompts
     from reinf.serving.chat import ChatService
     from reinf.serving.engine import Engine
-    from reinf.training.trainer import train_round
 
-    styles = ["Use a list.", "Keep it short.", "Say more.", "Be formal.", "Be casual.",
-              "Give an example.", "Ask a question back.", "Explain step by step."]
     one, every = tmp_path / "one.txt", tmp_path / "styles.txt"
-    one.write_text(styles[0], encoding="utf-8")
-    every.write_text("\n".join(styles), encoding="utf-8")
+    one.write_text(STYLES[0], encoding="utf-8")
+    every.write_text("\n".join(STYLES), encoding="utf-8")
     served = config.replace(explore_styles=1.0, training_styles_file=str(one))
     chat = ChatService(Engine.load(served), store, served)
     for turn in chat.send_many(["What is rain?", "Why is the sky blue?", "How do birds fly?",
                                 "What is a cloud?", "Why do leaves fall?", "What is snow?"],
                                seed=1):
-        assert turn.gen_params["style"] == styles[0]
+        assert turn.gen_params["style"] == STYLES[0]
         store.rate(turn.id, 5)
     plain = ChatService(Engine.load(config), store, config)
     for turn in plain.send_many(sample_prompts(0, 18), seed=2):  # the usual reply: a 1 or 2
         assert "style" not in turn.gen_params
         store.rate(turn.id, 1 + turn.id % 2)
-    cfg = config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
-                         training_styled_rollouts=2, training_styles_file=str(every),
-                         training_min_consistency=-1.0, training_imitate_styled=0.5, seed=0)
+    return config.replace(training_rollout_prompts=8, training_rollouts_per_prompt=4,
+                          training_styled_rollouts=2, training_styles_file=str(every), seed=0)
+
+
+def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, store, tmp_path):
+    """``training.styled_pick: ratings``: with one style rated 5 six times and the usual reply
+    1 or 2, the round's styled rollouts ask for it for every prompt, where a uniform draw
+    from eight styles would for about one in four. With ``training.imitate_styled`` the
+    style's lift from those ratings (over 1 point) is added to its replies' scores, so a
+    styled reply is imitated for every prompt."""
+    from reinf.training.trainer import train_round
+
+    cfg = rate_one_style_well(config, store, tmp_path).replace(
+        training_min_consistency=-1.0, training_imitate_styled=0.5)
     assert cfg.training.styled_pick == "ratings"      # the default
     result = train_round(cfg, store)
     m = result.metrics
     assert result.status == "succeeded", result.message
     assert m["mode"] == "rollouts" and sum(m["style_counts"].values()) == 16
-    assert list(m["style_counts"])[0] == styles[0]
-    assert m["style_counts"][styles[0]] == 8, m["style_counts"]  # of 8 prompts; uniform: ~2
-    assert m["style_lifts"][styles[0]] > 1.0, m["style_lifts"]
+    assert list(m["style_counts"])[0] == STYLES[0]
+    assert m["style_counts"][STYLES[0]] == 8, m["style_counts"]  # of 8 prompts; uniform: ~2
+    assert m["style_lifts"][STYLES[0]] > 1.0, m["style_lifts"]
     assert m["styled_imitated"] == 8, m      # one a prompt, all 8; without the lift 5 here
+
+
+def test_before_the_rating_model_is_trusted_the_style_rated_well_is_imitated(
+        config, store, tmp_path, monkeypatch):
+    """``training.imitate_styled`` in a rated round (the rating model below
+    ``min_consistency``): one reply a rollout prompt asked for in the style the ratings lift,
+    under its plain prompt, sampled now (no stored behaviour log-probs), imitated; and
+    nothing of the kind with ``imitate_styled`` off."""
+    import reinf.training.ppo as ppo
+    from reinf.training.trainer import train_round
+
+    cfg = rate_one_style_well(config, store, tmp_path).replace(training_min_consistency=1.0)
+    seen: list[tuple[list, list]] = []
+    build = ppo.build_rollout
+    monkeypatch.setattr(ppo, "build_rollout", lambda episodes, *a, demos=None, **kw: (
+        seen.append((list(episodes), list(demos or []))), build(episodes, *a, demos=demos,
+                                                                **kw))[1])
+    result = train_round(cfg.replace(training_imitate_styled=0.5), store)
+    m = result.metrics
+    assert result.status == "succeeded", result.message
+    assert m["mode"] == "rated" and m["styled_style"] == STYLES[0], m
+    assert m["styled_imitated"] == 8 and m["imitation_loss"] > 0, m
+    batch, flags = seen[0]                              # the round's batch (not the gate's)
+    imitated = [e for e, flag in zip(batch, flags) if flag]
+    assert len(imitated) == 8 and all(e[2] is None for e in imitated)
+    rated_prompts = {tuple(s.prompt_ids) for s in store.training_samples(100)}
+    assert {tuple(e[0]) for e in imitated} <= rated_prompts          # the plain prompts
+    assert all(e[4] > min(x[4] for x in batch) for e in imitated)   # usual + lift: above a 1
+    seen.clear()
+    off = train_round(cfg, store, force=True)
+    assert off.metrics["mode"] == "rated" and "styled_imitated" not in off.metrics
+    assert not any(seen[0][1])
 
 
 def test_imitating_the_best_styled_rollouts_moves_the_model_further_toward_them(
