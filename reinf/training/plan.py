@@ -248,9 +248,10 @@ def styled_demonstrations(config, session, samples, rated, *, now, seed: int, re
         return [], {}
     styles = set(load_styles(t.styles_file))
     lifts = {s: x for s, x in style_lifts(rated).items() if s in styles}
+    shown = {"style_lifts": {s: round(x, 3) for s, x in lifts.items()}} if lifts else {}
     style = max(lifts, key=lifts.get, default=None)
     if style is None or lifts[style] < t.imitate_styled:
-        return [], {"style_lifts": {s: round(x, 3) for s, x in lifts.items()}} if lifts else {}
+        return [], shown
     prompts, text_of, max_new = _rollout_prompts(config, session, samples, seed)
     tokenizer = session.loaded.tokenizer
     extra, tail = instruction_ids(tokenizer, style), template_tail(tokenizer)
@@ -258,7 +259,7 @@ def styled_demonstrations(config, session, samples, rated, *, now, seed: int, re
     pairs = [(p, c) for p in prompts
              if (c := with_instruction(p, extra, tail)) is not None and len(c) <= limit]
     if not pairs:
-        return [], {"style_lifts": {s: round(x, 3) for s, x in lifts.items()}}
+        return [], shown
     report({"stage": "rollouts", "done": 0, "total": len(pairs)})
     rollouts = sample_rollouts(
         session.policy.model, tokenizer, [c for _, c in pairs], 1, temperature=g.temperature,
@@ -274,8 +275,7 @@ def styled_demonstrations(config, session, samples, rated, *, now, seed: int, re
     # None: sampled by the round's own adapter (reinf.training.ppo.build_rollout)
     out = [(r.prompt_ids, r.reply_ids, None, g.temperature, row.reward, 1.0)
            for r, row in zip(rollouts, rows) if row.kept]
-    return out, {"styled_imitated": len(out), "styled_style": style,
-                 "style_lifts": {s: round(x, 3) for s, x in lifts.items()}}
+    return out, {"styled_imitated": len(out), "styled_style": style, **shown}
 
 
 def _fresh_sample(r, score: float, text_of: dict[tuple, str], session, now, temperature):
