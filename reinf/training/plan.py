@@ -176,7 +176,9 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
                            labels=[f"a fresh reply to prompt {r.group + 1} (predicted score "
                                    f"{s:.2f})" for r, s in zip(rollouts, predicted)])
     group_of = {tuple(p): i for i, p in enumerate(prompts)}
-    lifts = style_lifts(rated) if rated is not None else {}
+    drawn = set(styles) - {None}
+    lifts = {s: x for s, x in style_lifts(rated).items() if s in drawn} \
+        if rated is not None else {}
     chosen = styled_to_imitate(rollouts, predicted, styles, t.imitate_styled, lifts)
     out, groups, imitate = [], [], set()
     for i, (r, row) in enumerate(zip(rollouts, rows)):
@@ -199,7 +201,7 @@ def collect_rollouts(config, session, rating_model, samples, episodes, *, now, s
         "rollouts": len(rollouts), "rollout_prompts": len(prompts), "rated_in_batch": len(human),
         "imitated_joined": len(joined),
         **({"styled_imitated": len(imitate),
-            "style_lifts": {s: round(x, 3) for s, x in lifts.items() if s in set(styles)}}
+            "style_lifts": {s: round(x, 3) for s, x in lifts.items()}}
            if t.imitate_styled and styled else {}),
         "rollout_tokens": sum(len(r.reply_ids) for r in rollouts),
         "predicted_score_mean": sum(predicted) / max(len(predicted), 1),

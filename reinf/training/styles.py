@@ -117,7 +117,8 @@ PRIOR_RATINGS = 2.0
 
 
 #: Ratings a style needs before ``styled_contexts`` asks for it in every prompt's first
-#: styled rollout, and before ``style_lifts`` counts its ratings: with one, a single lucky rating filled them all (docs/benchmarks.md).
+#: styled rollout, and before ``style_lifts`` counts its ratings: with one, a single lucky
+#: rating filled them all (docs/benchmarks.md).
 EXPLOIT_RATINGS = 2
 
 
@@ -154,11 +155,10 @@ def favoured_by_ratings(rated: StyleRatings, n: int = 3,
     for style, scores in rated.by_style.items():
         if among is not None and style not in among:
             continue
-        wins = sum(map(_success, scores))
-        if (a0 + wins) / (a0 + b0 + len(scores)) > a0 / (a0 + b0):
-            rows.append(((a0 + wins) / (a0 + b0 + len(scores)),
-                         {"style": style, "ratings": len(scores),
-                          "mean": round(sum(scores) / len(scores), 2)}))
+        mean = _posterior_mean(scores, a0, b0)
+        if mean > a0 / (a0 + b0):
+            rows.append((mean, {"style": style, "ratings": len(scores),
+                                "mean": round(sum(scores) / len(scores), 2)}))
     return [row for _, row in sorted(rows, key=lambda r: -r[0])[:n]]
 
 
@@ -166,16 +166,17 @@ def style_lifts(rated: StyleRatings) -> dict[str, float]:
     """By style, how many rating points above (or below) the person's usual a reply asked
     for in it is rated, as the ratings show it: the posterior mean of ``pick_style``'s beta
     minus its prior mean (a style nobody rated), times the scale's 4 points. Only styles
-    rated at least ``EXPLOIT_RATINGS`` times. The prior shrinks a few ratings towards the usual: two 5s against a person
-    who rates most replies 1 lift a style by about 1.5 points, one 5 is not counted."""
+    rated at least ``EXPLOIT_RATINGS`` times. The prior shrinks a few ratings towards the
+    usual: two 5s against a person who rates nearly everything else 1 lift a style by 4/3
+    of a point; one 5 is not counted."""
     a0, b0 = _prior(rated)
-    lifts = {}
-    for style, scores in rated.by_style.items():
-        if len(scores) < EXPLOIT_RATINGS:
-            continue
-        wins = sum(map(_success, scores))
-        lifts[style] = 4 * ((a0 + wins) / (a0 + b0 + len(scores)) - a0 / (a0 + b0))
-    return lifts
+    return {style: 4 * (_posterior_mean(scores, a0, b0) - a0 / (a0 + b0))
+            for style, scores in rated.by_style.items() if len(scores) >= EXPLOIT_RATINGS}
+
+
+def _posterior_mean(scores, a0: float, b0: float) -> float:
+    """The mean of a style's beta posterior over its ratings ``scores`` (prior a0, b0)."""
+    return (a0 + sum(map(_success, scores))) / (a0 + b0 + len(scores))
 
 
 def _success(score: int) -> float:
