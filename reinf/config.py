@@ -251,10 +251,11 @@ class TrainingConfig:
                                             "\"Rewrites\"); 0 = PPO's clipped objective alone",
                                        min=0.0, max=100.0)
     rewrite_imitation_rule: str = setting(
-        "once", "which rewrites the imitation reads: once = each in the rounds until an "
-                "adapter that imitated it is promoted; until-likely = all, in every round, "
-                "each token while the model finds it less likely than its own replies' "
-                "tokens",
+        "once", "which rewrites (and imitate_rated replies) the imitation reads: once = each "
+                "in the rounds until an adapter that imitated it is promoted; until-likely = "
+                "all, in every round, each token while the model finds it less likely than "
+                "its own replies' tokens (replies asked for in a style, imitate_explored and "
+                "imitate_styled, are always imitated until likely)",
         choices=("once", "until-likely"))
     imitate_rated: int = setting(0, "replies you rated this score or higher are imitated as "
                                     "your rewrites are (the same weight, rewrite_imitation, "
@@ -263,8 +264,9 @@ class TrainingConfig:
                                     "replies\")", min=0, max=5)
     imitate_explored: int = setting(0, "replies served in a style (generation.explore_styles) "
                                        "that you rated this score or higher are imitated as "
-                                       "plain answers to your message, as your rewrites are; "
-                                       "0 = off (docs/training.md, \"Exploring styles\")",
+                                       "plain answers to your message, as your rewrites are "
+                                       "(until likely, in every round); 0 = off "
+                                       "(docs/training.md, \"Exploring styles\")",
                                     min=0, max=5)
     imitate_styled: float = setting(0.0, "a styled rollout (styled_rollouts) the rating "
                                          "model scores at least this many rating points "
@@ -273,8 +275,9 @@ class TrainingConfig:
                                          "ratings; before the rating model is trusted, a "
                                          "reply in the style lifted this much) is imitated "
                                          "as a plain answer, "
-                                         "as your rewrites are, the best one a prompt: it "
-                                         "moves further than PPO's clip lets it; 0 = off "
+                                         "as your rewrites are (until likely), the best one a "
+                                         "prompt: it moves further than PPO's clip lets it; "
+                                         "0 = off "
                                          "(docs/training.md, \"Styled rollouts\")",
                                     min=0.0, max=4.0)
     winrate_prompts: int = setting(16, "after each round, the new adapter and the base answer "

@@ -44,7 +44,9 @@ those ``Rollout.demos`` flags (every one, or under the ``once`` rule only those 
 adapter the round starts from) the loss also adds, with weight
 ``imitation_coef``, their negative log-likelihood per token (``imitation_loss``), unclipped;
 with ``imitation_until_likely`` only on the tokens less likely than the policy's own replies'
-(``imitation_target``, from ``own_nll``; ``imitation_active``: the share pushed). The clipped
+(``imitation_target``, from ``own_nll``; ``imitation_active``: the share pushed), and
+without it so only for the demonstrations ``Rollout.until`` flags (the model's own replies
+asked for in a style, whichever rule the rewrites follow). The clipped
 surrogate raises a demonstration's tokens by at most the clip range a round, which cannot
 teach a token the policy gives 0.1% (a list where it never writes one); this term can,
 while the KL terms and the gate bound how far the adapter goes (as InstructGPT mixed a
@@ -111,6 +113,7 @@ class Rollout:
     groups: Tensor | None = None  # (B,) long: episodes with one id are replies to one prompt
     demos: Tensor | None = None   # (B,) 1.0 for a demonstration the imitation term reads, else 0
     written: Tensor | None = None  # (B,) 1.0 for a demonstration the policy did not sample
+    until: Tensor | None = None    # (B,) 1.0 for a demonstration imitated only until likely
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -128,16 +131,20 @@ class Rollout:
                        self.temperature[idx], self.rewards[idx], self.weights[idx],
                        None if self.groups is None else self.groups[idx],
                        None if self.demos is None else self.demos[idx],
-                       None if self.written is None else self.written[idx])
+                       None if self.written is None else self.written[idx],
+                       None if self.until is None else self.until[idx])
 
 
 def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
                   groups: Sequence[int] | None = None,
-                  demos: Sequence[bool] | None = None) -> Rollout:
+                  demos: Sequence[bool] | None = None,
+                  until: Sequence[bool] | None = None) -> Rollout:
     """``episodes``: (prompt_ids, reply_ids, logprobs, temperature, reward, weight) each;
     ``groups``: one id per episode, shared by the k replies to one prompt (for RLOO);
     ``demos``: True for an episode that is a demonstration (the imitation term reads it): a
-    rewrite (``logprobs`` None: ``written``, not sampled by the policy) or a well-rated reply.
+    rewrite (``logprobs`` None: ``written``, not sampled by the policy) or a well-rated reply;
+    ``until``: True for a demonstration imitated only until likely whatever
+    ``imitation_until_likely`` says (a reply the model wrote in a style).
     ``logprobs`` None: sampled by the adapter the round starts from (a fresh rollout), or a
     demonstration; its behaviour log-probs are NaN here and ``train_policy`` takes the
     round-start pass's."""
@@ -170,11 +177,16 @@ def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
         torch.tensor([float(bool(d)) for d in demos])
     b_written = None if b_demos is None else \
         torch.tensor([float(bool(d) and e[2] is None) for d, e in zip(demos, episodes)])
+    if until is not None and len(until) != len(episodes):
+        raise ValueError(f"until has {len(until)} flags for {len(episodes)} episodes")
+    b_until = None if b_demos is None or until is None or not any(until) else \
+        torch.tensor([float(bool(d) and bool(u)) for d, u in zip(demos, until)])
     return Rollout(*(t.to(device) for t in (input_ids, attention, positions, actions, mask, logp,
                                             temps, rewards, weights)),
                    groups=None if b_groups is None else b_groups.to(device),
                    demos=None if b_demos is None else b_demos.to(device),
-                   written=None if b_written is None else b_written.to(device))
+                   written=None if b_written is None else b_written.to(device),
+                   until=None if b_until is None else b_until.to(device))
 
 
 # --- the policy: LoRA model + value head --------------------------------------------------
@@ -489,6 +501,7 @@ class Hyper:
     imitation_coef: float = 0.0             # weight of the demonstrations' log-likelihood
     imitation_until_likely: bool = False    # imitate a demonstration's token only while it is
                                             # less likely than the policy's own replies' are
+                                            # (False: only Rollout.until's demonstrations)
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
@@ -587,7 +600,11 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
             # until likely: only the tokens the policy still finds less likely than it finds
             # its own replies' tokens on average; a learnt token is not pushed further (by
             # heart), and one it has drifted away from is pushed again
-            pushed = demo_w * (-out.logp.detach() > imitation_target)
+            unlikely = (-out.logp.detach() > imitation_target).to(demo_w.dtype)
+            if not hp.imitation_until_likely and mb.until is not None:
+                # the other rule for the rest: every token of theirs, every step
+                unlikely = torch.where(mb.until[:, None] > 0, unlikely, torch.ones_like(unlikely))
+            pushed = demo_w * unlikely
         # the sum over the pushed tokens, over every demonstration token: a token's pull is
         # the same whichever of its neighbours are learnt already (no target: the nll itself)
         loss = loss + hp.imitation_coef * (-out.logp * pushed).sum() / demo_total
@@ -644,8 +661,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         b_returns = b_values  # unused: no value loss
     b_adv_white = whiten(b_advantages, b.mask, b.weights)
     # until likely: the level a demonstration is imitated to, fixed for the round
-    target = own_nll(b, b_logp_old) if hp.imitation_until_likely and b.demos is not None \
-        else None
+    target = own_nll(b, b_logp_old) if b.demos is not None and (
+        hp.imitation_until_likely or b.until is not None) else None
     # 3. Epochs over shuffled minibatches. The minibatches of each optimizer step are the
     #    same every epoch (only which samples fill them is reshuffled).
     params = policy.parameters()

@@ -138,8 +138,10 @@ def best_rated_episodes(threshold: int, episodes: list[tuple], samples: list[Sam
     (``training.imitate_rated``): the episodes whose sample (``samples[i]`` is
     ``episodes[i]``'s) the person scored ``threshold`` or higher, none when it is 0; and
     (``training.imitate_explored``) those served in a style (``Sample.styled``) scored
-    ``explored`` or higher. Under the ``once`` rule (``imitated_before`` set), only those
-    rated since the round that made the adapter began, as for rewrites.
+    ``explored`` or higher. With ``imitated_before`` set (the ``once`` rule), only those
+    rated since the round that made the adapter began, as for rewrites; the trainer asks
+    for the ones served in a style without it, since it imitates those until likely in
+    every round whatever the rule.
 
     Why: a 5 on a reply the model seldom writes (a list, from a model that writes one in one
     reply of fourteen) is the person's strongest signal, and the clipped PPO update raises

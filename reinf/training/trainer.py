@@ -23,7 +23,9 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    same prompts, with their real score, in the batch; in either mode the person's rewrites
    join the batch as demonstrations, rewarded as a 5, and are also imitated
    (``training.rewrite_imitation_rule``: once, or until likely; ``reinf.training.rewrites``),
-   and with ``training.imitate_rated`` so are the rated replies scored that high;
+   and with ``training.imitate_rated`` so are the rated replies scored that high; the
+   replies asked for in a style (``imitate_explored``, ``imitate_styled``) are imitated
+   until likely, in every round, whatever that rule;
 4. runs PPO (``reinf.training.ppo``): leave-one-out baseline over the replies to one prompt
    (``ppo.advantage: rloo``; a rated reply alone with its prompt: over the other rated
    replies) or the value head with GAE; in rollout mode, stages 3 and 4 run
@@ -169,13 +171,17 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     shown = demos.episodes
     # the rewrites the imitation term reads, by identity in the batch (new since the adapter,
     # or every one while it is less likely than the model's own replies: until-likely), and
-    # with training.imitate_rated the rated replies scored that high, by the same rule (and
-    # with training.imitate_explored those served in a style)
+    # with training.imitate_rated the rated replies scored that high, by the same rule
     imitate_ids = {id(e) for e in demos.imitated}
     best_rated = best_rated_episodes(config.training.imitate_rated, episodes, used,
-                                     imitated_before=before,
-                                     explored=config.training.imitate_explored)
-    best_ids = {id(e) for e in best_rated}
+                                     imitated_before=before)
+    # the model's own replies asked for in a style (imitate_explored here, imitate_styled
+    # below) are imitated until likely in every round, whichever rule the rewrites follow:
+    # imitated once, gives-example's held-out perplexity rose 15% (docs/benchmarks.md)
+    explored = best_rated_episodes(0, episodes, used, imitated_before=None,
+                                   explored=config.training.imitate_explored)
+    until_ids = {id(e) for e in explored}
+    best_ids = {id(e) for e in best_rated} | until_ids  # the rated replies imitated
     imitate_ids |= best_ids
     if not episodes:
         raise TrainingError(f"none of the {len(samples)} rated turns can be trained on "
@@ -212,7 +218,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
         step = report if iterations == 1 else _numbered(report, i + 1, iterations)
         batch, groups, rollout_metrics = episodes + shown, None, {}
-        imitated = imitate_ids
+        imitated, until = imitate_ids, until_ids
         if plan.mode == "rollouts":
             # the rewrites' prompts are chosen as the ratings' are, newest first
             prompted = sorted(samples + rewrites.samples, key=lambda s: s.rated_at,
@@ -223,6 +229,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
             # training.imitate_styled: the styled rollouts the rating model liked best (this
             # pass's only: an id is an object's while it lives)
             imitated = imitate_ids | styled_ids
+            until = until_ids | styled_ids
         else:
             # training.imitate_styled before the rating model is trusted: replies in the
             # style the person's ratings lift most, imitated (reinf.training.plan)
@@ -230,12 +237,14 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                 config, session, samples, rated_styles, now=now, seed=seed, report=step)
             batch = batch + styled
             imitated = imitate_ids | {id(e) for e in styled}
+            until = until_ids | {id(e) for e in styled}
             if hp.advantage == "rloo":
                 # A rated round's baseline under RLOO: the other rated (or styled) replies
                 # to the same prompt, else the mean of every other reply in the batch.
                 groups = prompt_groups(batch)
         b = build_rollout(batch, device, groups=groups,
-                          demos=[id(e) in imitated for e in batch] if imitated else None)
+                          demos=[id(e) in imitated for e in batch] if imitated else None,
+                          until=[id(e) in until for e in batch] if until else None)
         session.reward_stats.update(b.rewards)
         if config.ppo.normalize_rewards:
             b.rewards = (b.rewards - session.reward_stats.mean) / max(session.reward_stats.std,

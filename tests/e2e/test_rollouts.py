@@ -378,6 +378,8 @@ def test_a_round_asks_its_rollouts_for_the_style_the_person_rated_well(config, s
     assert m["style_counts"][STYLES[0]] == 8, m["style_counts"]  # of 8 prompts; uniform: ~2
     assert m["style_lifts"][STYLES[0]] > 1.0, m["style_lifts"]
     assert m["styled_imitated"] == 8, m      # one a prompt, all 8; without the lift 5 here
+    # imitated until likely (a target), though the rewrites' rule is once
+    assert cfg.training.rewrite_imitation_rule == "once" and m["imitation_target"] > 0, m
 
 
 def test_before_the_rating_model_is_trusted_the_style_rated_well_is_imitated(
@@ -400,6 +402,7 @@ def test_before_the_rating_model_is_trusted_the_style_rated_well_is_imitated(
     assert result.status == "succeeded", result.message
     assert m["mode"] == "rated" and m["styled_style"] == STYLES[0], m
     assert m["styled_imitated"] == 8 and m["imitation_loss"] > 0, m
+    assert m["imitation_target"] > 0, m                 # until likely, under the once rule
     batch, flags = seen[0]                              # the round's batch (not the gate's)
     imitated = [e for e, flag in zip(batch, flags) if flag]
     assert len(imitated) == 8 and all(e[2] is None for e in imitated)

@@ -379,6 +379,40 @@ def test_until_likely_imitates_only_the_tokens_less_likely_than_the_policys_repl
     assert torch.count_nonzero(g[0]) == 0              # its own reply: no imitation
 
 
+def test_only_the_demonstrations_flagged_until_are_imitated_until_likely_under_the_once_rule():
+    """The replies the model wrote in a style (Rollout.until) stop at the target whatever
+    rule the rewrites follow; a rewrite under the once rule is pushed on every token."""
+    b = build_rollout([([1], [2, 3], [-1.0, -1.0], 1.0, 0.0, 1.0),   # a reply of its own
+                       ([1], [4, 5], [-1.0, -1.0], 1.0, 1.0, 1.0),   # styled: until likely
+                       ([1], [6, 7], None, 1.0, 1.0, 1.0)],           # a rewrite: once
+                      demos=[False, True, True], until=[False, True, False])
+    close(b.until, [0.0, 1.0, 0.0])
+    policy = OneTokenPolicy([[-1.0, -1.0], [-0.5, -1.5], [-0.5, -1.5]])
+    b.logp_behaviour = torch.full((3, 2), -1.0)
+    zero = torch.zeros(3, 2)
+    policy.logp.grad = None
+    loss, stats = minibatch_loss(policy, b, zero, b.logp_behaviour, zero, zero, zero,
+                                 Hyper(advantage="rloo", imitation_coef=1.0),
+                                 imitation_target=1.2)
+    loss.backward()
+    g = policy.logp.grad
+    assert g[1, 0] == 0 and g[1, 1] < 0          # the styled reply's likely token is left alone
+    assert (g[2] < 0).all()                        # the rewrite's is still pushed
+    assert float(stats["imitation_active"]) == pytest.approx(0.75)
+    # with the rule until likely for every demonstration, the rewrite stops there too
+    policy.logp.grad = None
+    loss, _ = minibatch_loss(policy, b, zero, b.logp_behaviour, zero, zero, zero,
+                             Hyper(advantage="rloo", imitation_coef=1.0,
+                                   imitation_until_likely=True), imitation_target=1.2)
+    loss.backward()
+    assert policy.logp.grad[2, 0] == 0
+    # no flag on any demonstration: no until tensor, and the batch's length is checked
+    rewrite = [([1], [2], None, 1.0, 1.0, 1.0)]
+    assert build_rollout(rewrite, demos=[True], until=[False]).until is None
+    with pytest.raises(ValueError, match="until has 2 flags for 1 episodes"):
+        build_rollout(rewrite, demos=[True], until=[True, True])
+
+
 def test_the_target_is_the_policys_own_replies_nll_per_token():
     from reinf.training.ppo import own_nll
 
