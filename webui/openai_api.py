@@ -25,13 +25,14 @@ other ``n - 1`` are then sampled together, in one batch from the same prompt
 (``ChatService.alternatives``; with ``seed``, that batch has ``seed + 1``). The first is a
 new turn; the others are stored as its alternatives (reinf.storage.schema.Turn: the
 same slot, not picked), so each choice is a turn of its own with its own id, rated as any
-turn: ``chatcmpl-<choices[i].turn_id>`` (each choice carries ``turn_id`` and ``id``). A
+turn: ``chatcmpl-<choices[i].turn_id>`` (each choice carries ``turn_id`` and ``id``, and
+``style``: the instruction ``explore_styles`` asked for the reply in, or null). A
 client that continues the conversation from another choice (re-sending it as the
 assistant message) continues it from that one: it becomes the picked alternative.
 
 Streaming: the turn id is known only once the reply is stored, so the final chunk (the
-one with ``finish_reason``) has id ``chatcmpl-<turn_id>`` plus ``turn_id`` and
-``conversation_id`` fields; with ``n`` > 1 the first choice streams token by token, then
+one with ``finish_reason``) has id ``chatcmpl-<turn_id>`` plus ``turn_id``,
+``conversation_id`` and ``style`` fields; with ``n`` > 1 the first choice streams token by token, then
 each other choice comes whole (one content chunk), each ending with such a chunk for its
 ``index``. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
 as the ``llm`` CLI log the first chunk's id): the turn stores the hex, so ``reinf rate``
@@ -257,7 +258,8 @@ def completions():
             "model": name, "system_fingerprint": turn.checkpoint_id or "base",
             "choices": [{"index": i, "message": {"role": "assistant", "content": t.reply},
                          "logprobs": None, "finish_reason": finish_reason(t, gen, config),
-                         "id": f"{COMPLETION_PREFIX}{t.id}", "turn_id": t.id}
+                         "id": f"{COMPLETION_PREFIX}{t.id}", "turn_id": t.id,
+                         "style": t.gen_params.get("style")}
                         for i, t in enumerate(turns)],
             "usage": usage(turns), "turn_id": turn.id, "conversation_id": turn.conversation_id})
     include_usage = isinstance(body.get("stream_options"), dict) and \
@@ -276,7 +278,8 @@ def completions():
 
     def end(turn, index: int = 0) -> str:
         return chunk({}, finish_reason(turn, gen, config), f"{COMPLETION_PREFIX}{turn.id}",
-                     index, turn_id=turn.id, conversation_id=turn.conversation_id)
+                     index, turn_id=turn.id, conversation_id=turn.conversation_id,
+                     style=turn.gen_params.get("style"))
 
     def delta(item) -> str:
         if isinstance(item, str):

@@ -93,7 +93,17 @@ def test_an_explored_reply_names_its_style_in_the_stream_and_the_turn(engine, co
                                                           "stream": True}, timeout=60)
         done = sse_events(r.text)[-1][1]
         turn = requests.get(f"{server.url}/api/turns/{done['turn_id']}", timeout=10).json()
+        # an OpenAI client is told too: each choice, and a stream's last chunk
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "n": 2}
+        completion = requests.post(server.url + "/v1/chat/completions", json=body,
+                                   timeout=60).json()
+        streamed = requests.post(server.url + "/v1/chat/completions",
+                                 json={**body, "n": 1, "stream": True}, timeout=60).text
     assert done["style"] in BUILTIN_STYLES and turn["style"] == done["style"]
+    assert all(c["style"] in BUILTIN_STYLES for c in completion["choices"])
+    last = [json.loads(line[6:]) for line in streamed.splitlines()
+            if line.startswith("data: {")][-1]
+    assert last["style"] in BUILTIN_STYLES and last["turn_id"]
     stored = store.get_turn(done["turn_id"])
     assert stored.prompt_ids == engine.build_prompt([], "Hello, how are you?",
                                                     max_new_tokens=24)
