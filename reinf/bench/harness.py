@@ -86,14 +86,15 @@ def bench_home(config, name: str, **overrides) -> tuple[Path, Any]:
 
 
 def build_context(method: str, config, plan: LearnPlan, k: int) -> Context:
+    from reinf.catalog import NO_STYLE_LEARNING
     from reinf.serving.chat import ChatService
     from reinf.serving.engine import Engine
     from reinf.storage.store import Store
 
     # the first version's method: rated replies only, GAE with the value head, the KL
-    # penalty in the return only
-    extra = {"training_method": "rated", "kl_loss_coef": 0.0, "advantage": "gae"} \
-        if method == "rated" else {}
+    # penalty in the return only, every reply served as asked (no style learning)
+    extra = {"training_method": "rated", "kl_loss_coef": 0.0, "advantage": "gae",
+             **NO_STYLE_LEARNING} if method == "rated" else {}
     home, cfg = bench_home(config, method, train_after_ratings=k, **extra)
     store = Store.open(cfg)
     engine = Engine.load(cfg)

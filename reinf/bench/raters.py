@@ -22,10 +22,11 @@ no-exclamation, answer-first, formal, casual, gives-example, arithmetic, context
 and ``noisy-graded`` (as length-graded, but 10% of its ratings off by one, seeded).
 
 ``TUNED_ON`` lists the raters that were used to choose Reinf's defaults (``kl_loss_coef``,
-RLOO), whose probe figures were read while comparing settings (length-graded and formal,
-on the real model), or that were written to choose the rating model's features (the file
-raters); ``DERIVED`` those that rate by a tuned rater's rule; ``REWRITE_TUNED_ON`` those whose
-runs with rewrites chose how rewrites are imitated (tuned only in a run with rewrites). Every
+RLOO; bullets, gives-example and no-question-back the real model's style learning), whose
+probe figures were read while comparing settings (length-graded and formal, on the real
+model), or that were written to choose the rating model's features (the file raters);
+``DERIVED`` those that rate by a tuned rater's rule; ``REWRITE_TUNED_ON`` those whose runs
+with rewrites chose how rewrites are imitated (tuned only in a run with rewrites). Every
 other one is *unseen*, and the report says which (``"unseen"``).
 
 ``--rater path/to/file.py:function`` loads any function with the same signature. It may
@@ -60,12 +61,17 @@ SLIP = 0.1    # the noisy-graded rater is off by one 10% of the time
 # chose smollm2-135m's GPU round (catalog.KnownModel.gpu_settings). The last six file raters
 # were written to choose the rating model's features and how it sees the prompt (reinf bench
 # rating-model); together, a style the model seldom writes, to choose training.imitate_rated.
+# bullets and gives-example: the style learning smollm2-135m has by default
+# (catalog.STYLE_LEARNING) was built and its settings chosen reading their runs, and
+# no-question-back's was read to decide to turn it on (docs/benchmarks.md, "Learning styles
+# by default").
 TUNED_ON = ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
             "dislikes-questions", "tuning_raters.py:length_graded", "tuning_raters.py:no_bang_q",
             "length-graded", "formal", "tuning_raters.py:second_person",
             "tuning_raters.py:short_sentences", "tuning_raters.py:with_numbers",
             "tuning_raters.py:plain_words", "tuning_raters.py:you_for_advice",
-            "tuning_raters.py:numbers_when_counting", "tuning_raters.py:together")
+            "tuning_raters.py:numbers_when_counting", "tuning_raters.py:together",
+            "bullets", "gives-example", "no-question-back")
 # The raters whose runs with rewrites (--rewrite-every) were read to choose how rewrites are
 # imitated (training.rewrite_imitation_rule; every round, once, until likely: arithmetic's
 # held-out perplexity and bullets' probe, docs/benchmarks.md). A run of theirs with rewrites

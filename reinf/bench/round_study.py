@@ -49,13 +49,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from reinf.catalog import NO_STYLE_LEARNING
+
 #: What ``reinf bench round`` does when not told otherwise.
 PLAN = {"ratings": 32, "prompts": 32, "replies": 8, "seed": 0}
 
 #: The built-in arms: config overrides by public name (``Config.replace``), and the bench's
 #: own keys (BENCH_KEYS). ``kto@LR`` is KTO at learning rate LR, one point of the sweep
 #: ``reinf bench learn --kto-lr`` runs.
-ARMS: dict[str, dict[str, Any]] = {
+#: Every built-in arm learns no styles unless it says so (``catalog.NO_STYLE_LEARNING``
+#: under its own keys), as when its published figures were measured, also on a model whose
+#: own defaults learn them (``catalog.STYLE_LEARNING``); a ``NAME:key=value`` arm starts
+#: from the config as it is.
+_ARMS: dict[str, dict[str, Any]] = {
     "rated": {"training.method": "rated"},
     "rollouts": {"training.min_consistency": -1.0},
     # rollouts with half of each prompt's replies asked for in a style (reinf.training.styles)
@@ -71,6 +77,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "sft": {"baseline": "sft"},
     "kto": {"baseline": "kto"},
 }
+ARMS: dict[str, dict[str, Any]] = {name: {**NO_STYLE_LEARNING, **arm}
+                                   for name, arm in _ARMS.items()}
 #: Arm keys that are not config settings: ``baseline`` (``sft`` or ``kto``: the round is
 #: ``reinf.bench.baselines``' instead of the trainer's) and ``kto_lr`` (KTO's learning rate;
 #: TRL's recommended 5e-6 when not given).
@@ -88,7 +96,8 @@ def parse_arm(spec: str) -> tuple[str, dict[str, Any]]:
     name = name.strip()
     if not rest:
         if name.startswith("kto@"):
-            return name, check_bench_keys(name, {"baseline": "kto", "kto_lr": name[4:]})
+            return name, check_bench_keys(name, {**NO_STYLE_LEARNING, "baseline": "kto",
+                                                 "kto_lr": name[4:]})
         if name not in ARMS:
             raise BadInput(f"unknown arm {name!r}",
                            fix=f"use {', '.join(ARMS)}, kto@LR, or NAME:key=value,... with "

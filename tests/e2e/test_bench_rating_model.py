@@ -21,7 +21,8 @@ def test_the_study_reports_each_rater_by_number_of_ratings(invoke):
     assert 0 < report["replies"] <= 48 and report["ratings"] == [4, 8]
     raters = report["raters"]
     assert list(raters)[0] == "prefers-terse" and raters["prefers-terse"]["unseen"] is False
-    assert "bullets" in raters and raters["bullets"]["unseen"] is True  # `unseen` expanded
+    assert "arithmetic" in raters and raters["arithmetic"]["unseen"] is True  # `unseen` expanded
+    assert "bullets" not in raters  # read to build the real model's style learning
     assert "casual" not in raters                                     # formal mirrored
     assert "length-graded" not in raters                             # a tuning rater is not
     for name, r in raters.items():

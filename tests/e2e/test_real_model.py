@@ -135,16 +135,24 @@ def test_chat_rate_train_swap_chat_on_the_real_model(smollm2, home, servers, tmp
 
     # the checkpoint with plain PEFT: it trained, and it reproduces the served log-probs
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinf.training.styles import instruction_ids, template_tail, with_instruction
 
     base = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, ckpt_path).eval()
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b and max(float(p.abs().max()) for p in lora_b) > 0  # B starts at 0
-    ids = torch.tensor([turn.prompt_ids + turn.reply_ids])
+    context = turn.prompt_ids
+    if turn.gen_params.get("style"):  # explore_styles (on for this model) asked for a style:
+        tokenizer = AutoTokenizer.from_pretrained(smollm2)  # sampled with the instruction
+        context = with_instruction(turn.prompt_ids,
+                                   instruction_ids(tokenizer, turn.gen_params["style"]),
+                                   template_tail(tokenizer))
+    ids = torch.tensor([context + turn.reply_ids])
     temperature = turn.gen_params["temperature"]
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(context) - 1:-1].float()
     logp = torch.log_softmax(logits / temperature, -1).gather(
         1, torch.tensor(turn.reply_ids)[:, None]).squeeze(1)
     error = (logp - torch.tensor(turn.logprobs)).abs().max().item()

@@ -224,11 +224,11 @@ def test_a_rater_read_to_choose_the_rewrite_rule_is_not_unseen_in_a_run_with_rew
     from reinf.bench.learn import LearnPlan, rater_record
     from reinf.bench.raters import REWRITE_TUNED_ON, load_rater
 
-    assert "bullets" in REWRITE_TUNED_ON
-    bullets, other = load_rater("bullets"), load_rater("no-question-back")
-    assert rater_record(bullets, LearnPlan())["unseen"]          # ratings alone: still unseen
+    assert "arithmetic" in REWRITE_TUNED_ON
+    arithmetic, other = load_rater("arithmetic"), load_rater("answer-first")
+    assert rater_record(arithmetic, LearnPlan())["unseen"]       # ratings alone: still unseen
     with_rewrites = LearnPlan(rewrite_every=2)
-    record = rater_record(bullets, with_rewrites)
+    record = rater_record(arithmetic, with_rewrites)
     assert not record["unseen"] and record["rewrites"]
     assert rater_record(other, with_rewrites)["unseen"]
     report = {"rater": record, "prompts": {

@@ -423,6 +423,9 @@ def test_unwritable_files_and_a_locked_database_are_one_line(runner, seeded, hom
 
 
 def test_status_says_when_replies_explore_styles(invoke, seeded, monkeypatch):
+    # smollm2-135m, the model `reinf init` sets up, learns styles by default
+    assert "exploring styles:   50% of replies" in invoke("status").output
+    monkeypatch.setenv("REINF_EXPLORE_STYLES", "0")
     assert "exploring styles" not in invoke("status").output          # off: no line
     monkeypatch.setenv("REINF_EXPLORE_STYLES", "0.25")
     out = invoke("status").output

@@ -373,6 +373,31 @@ def test_a_named_model_brings_its_defaults_under_everything_a_person_sets(tmp_pa
     assert "[model]" in render_yaml(mine, origins=True)
 
 
+def test_the_real_model_learns_styles_by_default_and_the_demo_model_does_not(tmp_path):
+    from reinf.catalog import KNOWN_MODELS, NO_STYLE_LEARNING, STYLE_LEARNING
+
+    home = {"REINF_HOME": str(tmp_path), "REINF_DEVICE": "cpu"}
+    defaults = {s.public: s.default for s in settings()}
+    # the "off" pins are exactly the built-in defaults, so pinning them runs the plain round
+    assert {name: defaults[name] for name in NO_STYLE_LEARNING} == NO_STYLE_LEARNING
+    assert set(NO_STYLE_LEARNING) <= set(STYLE_LEARNING)
+    real = load_config(environ={**home, "REINF_MODEL_PATH": "smollm2-135m"})
+    for name, value in STYLE_LEARNING.items():
+        assert real.value(name) == value, name
+    assert real.generation.explore_styles == 0.5 and real.training.styled_rollouts == 2
+    assert real.origin_kind("explore_styles") == "model"
+    on_gpu = load_config(environ={**home, "REINF_MODEL_PATH": "smollm2-135m",
+                                  "REINF_DEVICE": "cuda"})
+    assert on_gpu.training.imitate_styled == 0.5  # on a GPU too
+    demo = load_config(environ=home)
+    assert demo.generation.explore_styles == 0.0 and demo.training.styled_rollouts == 0
+    assert KNOWN_MODELS["reinf-demo"].settings == {}
+    # a person turns it off as any setting: the environment (or config.yaml) wins
+    off = load_config(environ={**home, "REINF_MODEL_PATH": "smollm2-135m",
+                               "REINF_EXPLORE_STYLES": "0"})
+    assert off.generation.explore_styles == 0.0 and off.training.styled_rollouts == 2
+
+
 def test_a_named_model_brings_a_bigger_round_where_it_trains_on_a_gpu(tmp_path):
     from reinf.catalog import KNOWN_MODELS
 

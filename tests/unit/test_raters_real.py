@@ -37,7 +37,9 @@ def test_there_are_ten_new_raters_and_every_name_is_in_the_help():
 
 def test_new_raters_are_unseen_and_the_tuning_raters_are_not():
     # the real model's settings sweep, and the raters that rate by those two's rules
-    looked_at = ("length-graded", "formal", "noisy-graded", "casual")
+    # and those the real model's style learning was built and turned on reading
+    looked_at = ("length-graded", "formal", "noisy-graded", "casual", "bullets",
+                 "gives-example", "no-question-back")
     assert all(load_rater(n).unseen for n in NEW if n not in looked_at)
     for name in ("prefers-terse", "prefers-chatty", "prefers-bullets", "prefers-plain",
                  "dislikes-questions", "noisy") + looked_at:

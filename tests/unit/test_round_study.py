@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from reinf.bench.round_study import ARMS, judge_round, parse_arm, split_arm
+from reinf.catalog import NO_STYLE_LEARNING
 from reinf.errors import BadInput
 
 # 3 prompts x 3 replies, scored 1, 3, 5 within each prompt
@@ -48,7 +49,12 @@ def test_only_pairs_within_a_prompt_count():
 
 def test_arms_are_built_in_names_or_overrides():
     assert parse_arm("rated") == ("rated", ARMS["rated"])
-    assert parse_arm("rollouts") == ("rollouts", {"training.min_consistency": -1.0})
+    # a built-in arm learns no styles unless it says so, on any model (as when measured)
+    assert parse_arm("rollouts") == ("rollouts", {**NO_STYLE_LEARNING,
+                                                  "training.min_consistency": -1.0})
+    explore = ARMS["explore"]
+    assert explore["explore_styles"] == 0.5 and explore["training.styled_rollouts"] == 2
+    assert explore["training.imitate_styled"] == 0.0
     name, overrides = parse_arm("r8:training.min_consistency=-1, training.rollouts_per_prompt=8,"
                                 "learning_rate=3e-3")
     assert name == "r8"
@@ -57,14 +63,15 @@ def test_arms_are_built_in_names_or_overrides():
 
 
 def test_the_baselines_are_arms_with_bench_keys_kept_apart_from_the_config():
-    assert parse_arm("sft") == ("sft", {"baseline": "sft"})
-    assert parse_arm("kto@1e-4") == ("kto@1e-4", {"baseline": "kto", "kto_lr": 1e-4})
+    assert parse_arm("sft") == ("sft", {**NO_STYLE_LEARNING, "baseline": "sft"})
+    assert parse_arm("kto@1e-4") == ("kto@1e-4", {**NO_STYLE_LEARNING, "baseline": "kto",
+                                                  "kto_lr": 1e-4})
     name, overrides = parse_arm("k:baseline=kto,kto_lr=3e-3,lora.r=4")
     assert (name, overrides) == ("k", {"baseline": "kto", "kto_lr": 3e-3, "lora.r": "4"})
     assert split_arm(overrides) == ({"lora.r": "4"}, {"baseline": "kto", "kto_lr": 3e-3})
     # the first version's method, as `reinf bench learn` runs its rated baseline
-    assert ARMS["rated-v1"] == {"training.method": "rated", "kl_loss_coef": 0.0,
-                                "advantage": "gae"}
+    assert ARMS["rated-v1"] == {**NO_STYLE_LEARNING, "training.method": "rated",
+                                "kl_loss_coef": 0.0, "advantage": "gae"}
 
 
 @pytest.mark.parametrize("spec, words", [
