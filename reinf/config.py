@@ -31,7 +31,7 @@ from reinf.errors import ConfigError
 # resolve_model_path is not used here: reinf/bench/learn.py still imports it from this
 # module (new code imports it from reinf.catalog).
 from reinf.catalog import DEMO_MODEL, resolve_model_path  # noqa: F401
-from reinf.catalog import model_preset, trains_on_gpu
+from reinf.catalog import KNOWN_MODELS, model_preset, trains_on_gpu
 
 ENV_PREFIX = "REINF_"
 # The only settings also read from an unprefixed variable (TRAIN_AFTER_RATINGS=3), as the
@@ -903,14 +903,18 @@ def _commented(line: str, indent: int) -> str:
 # --- output ----------------------------------------------------------------------------
 
 def render_yaml(cfg: Config | None = None, *, origins: bool = False,
-                commented: bool = False) -> str:
+                commented: bool = False, model: str | None = None) -> str:
     """The config as commented YAML: every key, a one-line comment, its value. With
     ``origins``, each comment starts with where the value came from: ``[default]``,
     ``[model]`` (the named model's preset), ``[file]``, ``[environment REINF_PORT]``,
     ``[flag]`` (``reinf config show``). With ``commented``, every key line is itself a
     comment (``  # port: 8765  # help``): the file ``reinf init`` writes, where a key takes
-    its default, or the named model's own, until the person uncomments it."""
+    its default, or the named model's own, until the person uncomments it. ``model``: a
+    named model whose own defaults (``KnownModel.settings``, where it trains on the CPU)
+    those lines show instead, marked with the built-in value, so the file does not say "off"
+    of what the model turns on."""
     cfg = cfg or Config(storage=StorageConfig())
+    preset = KNOWN_MODELS[model].settings if model in KNOWN_MODELS else {}
     if commented:
         lines = ["# Reinf configuration: every key, its default and one line of help.",
                  "# Every key is commented out, so it takes its default, or the model's own",
@@ -931,8 +935,11 @@ def render_yaml(cfg: Config | None = None, *, origins: bool = False,
             lines.append(f"{info.section}:")
             current = info.section
         value = values[info.section][info.key]
-        dumped = json.dumps(value, ensure_ascii=False) if value is not None else "null"
         mark = ""
+        if info.public in preset and preset[info.public] != value:
+            built_in = json.dumps(value, ensure_ascii=False) if value is not None else "null"
+            value, mark = preset[info.public], f"[{model}'s default; built-in {built_in}] "
+        dumped = json.dumps(value, ensure_ascii=False) if value is not None else "null"
         if origins:
             kind = cfg.origin_kind(info.public)
             mark = f"[{kind} {cfg.env_names[info.public]}] " if kind == "environment" \

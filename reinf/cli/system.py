@@ -49,7 +49,8 @@ def init(app, model_name, skip_model, as_json):
     config_file = home / "config.yaml"
     kept_file = config_file.exists()
     if not kept_file:
-        text = render_yaml(commented=True)  # so a named model's own defaults apply
+        # commented, so a named model's own defaults apply; its lines show them
+        text = render_yaml(commented=True, model=str(cfg.value("model_path")))
         if model_name:  # the choice is kept: `reinf serve` must run what init set up
             text = _set_yaml_value(text, "model_path", model_name)
         config_file.write_text(text, encoding="utf-8")

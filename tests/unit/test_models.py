@@ -107,7 +107,12 @@ def test_init_writes_every_key_commented_so_the_models_own_defaults_apply(invoke
     assert shown["origins"]["kl_loss_coef"] == "model"
     assert shown["origins"]["model_path"] == "file" and shown["hidden_model_defaults"] == {}
     # uncommenting a line sets it, over the model's default
-    (home / "config.yaml").write_text(text.replace("  # max_new_tokens: 128", "  max_new_tokens: 64"))
+    # the commented lines show the model's own defaults, so none says "off" of what it turns on
+    assert "  # max_new_tokens: 192  # [smollm2-135m's default; built-in 128] " in text
+    assert "  # explore_styles: 0.5  # [smollm2-135m's default; built-in 0.0] " in text
+    assert "  # explore_pick: \"ratings\"  # which style" in text  # the same: no mark
+    (home / "config.yaml").write_text(text.replace("  # max_new_tokens: 192",
+                                                   "  max_new_tokens: 64"))
     shown = json.loads(invoke("config", "show", "--json").output)
     assert shown["generation"]["max_new_tokens"] == 64 and shown["origins"]["max_new_tokens"] == "file"
     assert shown["hidden_model_defaults"] == {
