@@ -124,9 +124,9 @@ SMOLLM2_135M = KnownModel(
     # ahead of 0.1 / 0.05 after every round from 16 ratings on, by 0.1 to 0.9 on the probe;
     # +0.83 after 48; docs/benchmarks.md, "Two passes a round and a freer KL").
     # Learning the person's styles (STYLE_LEARNING) is on for it: on 2 CPU cores, 48
-    # ratings, one seed a rater, it lifted the probe +0.80 (bullets), +0.81 (gives-example)
-    # and +1.34 (casual) where the round without it moved -0.13 to +0.06 (docs/benchmarks.md,
-    # "Learning styles by default").
+    # ratings, seed 0, it lifted the probe +0.80 (bullets), +0.81 (gives-example) and +1.34
+    # (casual) against -0.02, -0.12 and +0.91 without it; gives-example seed 1 +0.30 against
+    # +0.38 (docs/benchmarks.md, "Learning styles by default").
     settings={"max_new_tokens": 192, "training.rollout_prompts": 8,
               "training.rollout_max_new_tokens": 96, "ppo_epochs": 2,
               "kl_coef": 0.02, "kl_loss_coef": 0.01, **STYLE_LEARNING},
