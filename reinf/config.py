@@ -31,7 +31,7 @@ from reinf.errors import ConfigError
 # resolve_model_path is not used here: reinf/bench/learn.py still imports it from this
 # module (new code imports it from reinf.catalog).
 from reinf.catalog import DEMO_MODEL, resolve_model_path  # noqa: F401
-from reinf.catalog import KNOWN_MODELS, model_preset, trains_on_gpu
+from reinf.catalog import model_preset, trains_on_gpu
 
 ENV_PREFIX = "REINF_"
 # The only settings also read from an unprefixed variable (TRAIN_AFTER_RATINGS=3), as the
@@ -914,7 +914,7 @@ def render_yaml(cfg: Config | None = None, *, origins: bool = False,
     those lines show instead, marked with the built-in value, so the file does not say "off"
     of what the model turns on."""
     cfg = cfg or Config(storage=StorageConfig())
-    preset = KNOWN_MODELS[model].settings if model in KNOWN_MODELS else {}
+    preset = model_preset(model) if model else {}  # the CPU's: no GPU is asked about
     if commented:
         lines = ["# Reinf configuration: every key, its default and one line of help.",
                  "# Every key is commented out, so it takes its default, or the model's own",

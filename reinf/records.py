@@ -72,6 +72,11 @@ class TurnRecord:
     alternatives: int = 1
     rewrite: RewriteRecord | None = None   # the reply the person wrote for it, if any
 
+    @property
+    def style(self) -> str | None:
+        """The instruction the reply was asked for in (generation.explore_styles), or None."""
+        return self.gen_params.get("style")
+
     def to_dict(self, tokens: bool = False) -> dict[str, Any]:
         out = {"turn_id": self.id, "conversation_id": self.conversation_id, "index": self.index,
                "created_at": iso(self.created_at), "user_message": self.user_message,
@@ -83,7 +88,7 @@ class TurnRecord:
                "system_prompt": self.system_prompt, "picked": self.picked,
                "alternatives": self.alternatives,
                "rewrite": self.rewrite.to_dict() if self.rewrite else None,
-               "style": self.gen_params.get("style")}
+               "style": self.style}
         if tokens:
             out.update(prompt_ids=self.prompt_ids, reply_ids=self.reply_ids,
                        logprobs=self.logprobs, gen_params=self.gen_params)

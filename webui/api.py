@@ -88,7 +88,7 @@ def stream_reply(runtime, reply, **start: object) -> Response:
                     "latency_ms": turn.latency_ms, "reply_tokens": len(turn.reply_ids),
                     "index": turn.index, "picked": turn.picked,
                     "alternatives": turn.alternatives,
-                    "style": turn.gen_params.get("style")}, "done")
+                    "style": turn.style}, "done")
 
     events = Relay(reply, runtime.streams, stream_id,
                    start=lambda: sse({"conversation_id": reply.conversation_id,

@@ -32,9 +32,9 @@ assistant message) continues it from that one: it becomes the picked alternative
 
 Streaming: the turn id is known only once the reply is stored, so the final chunk (the
 one with ``finish_reason``) has id ``chatcmpl-<turn_id>`` plus ``turn_id``,
-``conversation_id`` and ``style`` fields; with ``n`` > 1 the first choice streams token by token, then
-each other choice comes whole (one content chunk), each ending with such a chunk for its
-``index``. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
+``conversation_id`` and ``style`` fields; with ``n`` > 1 the first choice streams token by
+token, then each other choice comes whole (one content chunk), each ending with such a
+chunk for its ``index``. Earlier chunks carry ``chatcmpl-stream-<hex>`` (clients such
 as the ``llm`` CLI log the first chunk's id): the turn stores the hex, so ``reinf rate``
 and the rating route resolve it too, after a restart as well (Store.resolve_turn).
 """
@@ -259,7 +259,7 @@ def completions():
             "choices": [{"index": i, "message": {"role": "assistant", "content": t.reply},
                          "logprobs": None, "finish_reason": finish_reason(t, gen, config),
                          "id": f"{COMPLETION_PREFIX}{t.id}", "turn_id": t.id,
-                         "style": t.gen_params.get("style")}
+                         "style": t.style}
                         for i, t in enumerate(turns)],
             "usage": usage(turns), "turn_id": turn.id, "conversation_id": turn.conversation_id})
     include_usage = isinstance(body.get("stream_options"), dict) and \
@@ -279,7 +279,7 @@ def completions():
     def end(turn, index: int = 0) -> str:
         return chunk({}, finish_reason(turn, gen, config), f"{COMPLETION_PREFIX}{turn.id}",
                      index, turn_id=turn.id, conversation_id=turn.conversation_id,
-                     style=turn.gen_params.get("style"))
+                     style=turn.style)
 
     def delta(item) -> str:
         if isinstance(item, str):

@@ -229,7 +229,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                     ready = ctx.chat.send_many(list(stream[i:i + size]),
                                                seed=seed * 100_003 + i)
                 turn = ready.pop(0)
-                asked.append(turn.gen_params.get("style"))
+                asked.append(turn.style)
                 score = rater(prompt, turn.reply)
                 ctx.store.rate(turn.id, score)
                 good = rater.is_preferred(turn.reply, score, prompt=prompt)

@@ -144,10 +144,10 @@ def test_chat_rate_train_swap_chat_on_the_real_model(smollm2, home, servers, tmp
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b and max(float(p.abs().max()) for p in lora_b) > 0  # B starts at 0
     context = turn.prompt_ids
-    if turn.gen_params.get("style"):  # explore_styles (on for this model) asked for a style:
+    if turn.style:  # explore_styles (on for this model) asked for a style:
         tokenizer = AutoTokenizer.from_pretrained(smollm2)  # sampled with the instruction
         context = with_instruction(turn.prompt_ids,
-                                   instruction_ids(tokenizer, turn.gen_params["style"]),
+                                   instruction_ids(tokenizer, turn.style),
                                    template_tail(tokenizer))
     ids = torch.tensor([context + turn.reply_ids])
     temperature = turn.gen_params["temperature"]
