@@ -263,7 +263,8 @@ class TrainingConfig:
                                     "0 = off (docs/training.md, \"Imitating your best-rated "
                                     "replies\")", min=0, max=5)
     imitate_explored: int = setting(0, "replies served in a style (generation.explore_styles) "
-                                       "that you rated this score or higher are imitated as "
+                                       "that you rated this score or higher, and half a point "
+                                       "or more above your mean rating, are imitated as "
                                        "plain answers to your message, as your rewrites are "
                                        "(until likely, in every round); 0 = off "
                                        "(docs/training.md, \"Exploring styles\")",

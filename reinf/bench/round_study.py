@@ -210,7 +210,8 @@ def run_round_study(config, raters: Sequence[str], arms: Sequence[tuple[str, dic
                 if bench_keys.get("baseline"):
                     figures["mode"] = bench_keys["baseline"]
                 for key in ("mode", "rating_model_consistency", "kl", "rollouts", "iterations",
-                            "rated_imitated", "imitation_active", "approx_kl", "clipfrac",
+                            "rated_imitated", "explored_imitated", "imitation_active",
+                            "approx_kl", "clipfrac",
                             "steps", "early_stopped", "styled_rollouts",
                             "styled_score_gain", "style_gains", "style_counts",
                             "styled_imitated", "style_lifts"):

@@ -132,15 +132,23 @@ def imitated_before(store, checkpoint_id: str | None) -> datetime | None:
         return None
 
 
+#: How far above the person's mean rating a reply served in a style must be rated for
+#: ``training.imitate_explored`` to imitate it: a 5 from someone whose ratings average 4.7
+#: says little about the style it was asked for (docs/training.md, "Exploring styles").
+EXPLORED_MARGIN = 0.5
+
+
 def best_rated_episodes(threshold: int, episodes: list[tuple], samples: list[Sample], *,
-                        imitated_before: datetime | None, explored: int = 0) -> list[tuple]:
+                        imitated_before: datetime | None, explored: int = 0,
+                        usual: float | None = None) -> list[tuple]:
     """The rated replies the imitation term reads beside the rewrites
     (``training.imitate_rated``): the episodes whose sample (``samples[i]`` is
     ``episodes[i]``'s) the person scored ``threshold`` or higher, none when it is 0; and
     (``training.imitate_explored``) those served in a style (``Sample.styled``) scored
-    ``explored`` or higher. With ``imitated_before`` set (the ``once`` rule), only those
-    rated since the round that made the adapter began, as for rewrites; the trainer asks
-    for the ones served in a style without it, since it imitates those until likely in
+    ``explored`` or higher and, with ``usual`` (the person's mean rating) given, at least
+    ``EXPLORED_MARGIN`` above it. With ``imitated_before`` set (the ``once`` rule), only
+    those rated since the round that made the adapter began, as for rewrites; the trainer
+    asks for the ones served in a style without it, since it imitates those until likely in
     every round whatever the rule.
 
     Why: a 5 on a reply the model seldom writes (a list, from a model that writes one in one
@@ -151,9 +159,14 @@ def best_rated_episodes(threshold: int, episodes: list[tuple], samples: list[Sam
     on the two tuning raters moved less the rater's way with it (docs/benchmarks.md). A reply
     served in a style is the case it is for by construction: the instruction made the model
     write what it seldom writes unasked, so as a plain answer it is as far off the model's
-    own replies as a rewrite."""
+    own replies as a rewrite. The margin: from a person who rates nearly everything 5, every
+    style collects 5s, and imitating them all pushed the model towards every style at once
+    (no-question-back: 18 replies in the sixth round, final KL 0.10 against 0.006 without)."""
     def chosen(s: Sample) -> bool:
-        return (0 < threshold <= s.score) or (s.styled and 0 < explored <= s.score)
+        if 0 < threshold <= s.score:
+            return True
+        return (s.styled and 0 < explored <= s.score
+                and (usual is None or s.score >= usual + EXPLORED_MARGIN))
 
     if threshold <= 0 and explored <= 0:
         return []

@@ -178,8 +178,11 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # the model's own replies asked for in a style (imitate_explored here, imitate_styled
     # below) are imitated until likely in every round, whichever rule the rewrites follow:
     # imitated once, gives-example's held-out perplexity rose 15% (docs/benchmarks.md)
+    # (rated at least EXPLORED_MARGIN above the person's mean rating: a 5 from someone who
+    # rates everything 5 says nothing of the style)
     explored = best_rated_episodes(0, episodes, used, imitated_before=None,
-                                   explored=config.training.imitate_explored)
+                                   explored=config.training.imitate_explored,
+                                   usual=sum(s.score for s in samples) / max(len(samples), 1))
     until_ids = {id(e) for e in explored}
     best_ids = {id(e) for e in best_rated} | until_ids  # the rated replies imitated
     imitate_ids |= best_ids
@@ -272,6 +275,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
                    rewrites=len(shown), rewrites_imitated=len(demos.imitated),
                    # in rollout mode only those rated replies to the rollouts' prompts
                    rated_imitated=sum(id(e) in best_ids for e in episodes),
+                   explored_imitated=sum(id(e) in until_ids for e in episodes),
                    rewrites_skipped=rewrites.skipped,
                    device=str(device), warnings=session.warnings)
     # 5. The promotion gate: NaN, KL to the base, fluency on well-rated replies.

@@ -132,8 +132,25 @@ def test_imitating_the_well_rated_replies_served_in_a_style_reads_only_those(tmp
                              style="Use a list.")))
     assert metrics[0]["rated_imitated"] == 0 and metrics[0]["imitation_loss"] is None
     assert metrics[5]["rated_imitated"] == 3 and metrics[5]["imitation_loss"] > 0
+    assert metrics[5]["explored_imitated"] == 3 and metrics[0]["explored_imitated"] == 0
     # imitated once (the default rule), in full: 0.17 against 0.14 here
     assert moved[5] > 1.1 * moved[0] > 0, moved
+
+
+def test_the_styled_fives_of_a_person_who_rates_nearly_everything_five_are_not_imitated(
+        tmp_path, model_dir):
+    """training.imitate_explored's margin: the same three styled replies rated 5, among
+    plain replies rated 5 and 4 instead of 1, stand less than EXPLORED_MARGIN above the
+    person's mean, so the round imitates none of them."""
+    base = tk.load_policy(model_dir)
+    config = tk.train_config(tmp_path / "generous", model_dir, training_imitate_explored=5)
+    metrics, _ = round_toward_good(config, model_dir, tk.first_token_logp(base, tk.GOOD),
+                                   lambda store: (
+        likely_turns(store, base, 10, seed=5, score=5),
+        likely_turns(store, base, 3, seed=7, score=4),
+        likely_turns(store, base, 3, seed=6, first=tk.GOOD, score=5, style="Use a list.")))
+    assert metrics["explored_imitated"] == 0 and metrics["rated_imitated"] == 0
+    assert metrics["imitation_loss"] is None
 
 
 def test_a_rewrite_is_imitated_until_an_adapter_that_learnt_it_is_promoted(home, model_dir,

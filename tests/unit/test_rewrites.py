@@ -139,6 +139,31 @@ def test_imitate_explored_reads_the_well_rated_replies_served_in_a_style_only():
     assert best_rated_episodes(0, episodes, samples, imitated_before=None, explored=0) == []
 
 
+def test_an_explored_reply_is_imitated_only_when_rated_clearly_above_the_usual():
+    """training.imitate_explored reads a styled 5 only where it stands at least
+    EXPLORED_MARGIN above the person's mean rating: from someone who rates nearly
+    everything 5 it says nothing of the style. imitate_rated has no such margin."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from reinf.training.rewrites import EXPLORED_MARGIN
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    samples = [SimpleNamespace(score=score, styled=styled, rated_at=t0)
+               for score, styled in [(5, True), (5, False), (4, True)]]
+    episodes = [(f"episode {i}",) for i in range(3)]
+
+    def pick(usual, threshold=0):
+        return best_rated_episodes(threshold, episodes, samples, imitated_before=None,
+                                   explored=4, usual=usual)
+
+    assert pick(None) == [episodes[0], episodes[2]]
+    assert pick(2.0) == [episodes[0], episodes[2]]
+    assert pick(5 - EXPLORED_MARGIN) == [episodes[0]]     # the 5 just clears it
+    assert pick(4.73) == []                               # no-question-back's base
+    assert pick(4.73, threshold=5) == [episodes[0], episodes[1]]
+
+
 def test_rewrite_pairs_reuse_a_rated_row_and_add_the_others():
     rewrites = Rewrites(originals=[([1, 5], [7, 2]), ([1, 6], [8, 2]), ([1, 9], [])])
     rewrites.samples = [object()] * 3
