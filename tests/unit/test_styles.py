@@ -163,6 +163,24 @@ def test_a_style_s_lift_is_its_ratings_over_the_usual_shrunk_and_needs_two_ratin
     assert usual["list"] == pytest.approx(0.0)                  # rated as usual: no lift
 
 
+def test_a_style_rated_as_the_usual_is_not_lifted_at_either_end_of_the_scale():
+    """The lift does not lean towards the middle of the scale: for a person who rates
+    nearly everything 5, a style rated 5 (a little above their usual) is lifted by less
+    than imitate_styled's 0.5, and for one who rates nearly everything 1, a style rated 1
+    is not held back."""
+    from reinf.training.styles import style_lifts
+
+    generous = (5,) * 15 + (4,) * 3 + (5,) * 4                    # usual 4.86
+    lifts = style_lifts(StyleRatings(scores=generous, by_style={"formal": (5,) * 4,
+                                                                 "brief": (5, 4, 5, 5)}))
+    assert 0 < lifts["formal"] < 0.15 and lifts["brief"] < 0.0
+    harsh = style_lifts(StyleRatings(scores=(1,) * 20, by_style={"warm": (1, 1, 1)}))
+    assert harsh["warm"] == pytest.approx(0.0)
+    # n / (n + 2) of the difference: three 5s against a usual of 2.2 lift a style by 1.68
+    three = style_lifts(StyleRatings(scores=(1,) * 7 + (5,) * 3, by_style={"list": (5,) * 3}))
+    assert three["list"] == pytest.approx(3 / 5 * (5 - 2.2))
+
+
 def test_styled_figures_compare_each_styled_reply_with_the_plain_ones_to_its_prompt():
     from reinf.training.plan import styled_figures
 
