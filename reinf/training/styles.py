@@ -180,8 +180,8 @@ def style_lifts(rated: StyleRatings) -> dict[str, float]:
 
 
 def _mean(scores) -> float:
-    """The mean of ratings, each held to the scale (1-5)."""
-    return sum(min(max(score, 1), 5) for score in scores) / len(scores)
+    """The mean of ratings, each held to the scale (1-5) as ``_success`` holds it."""
+    return 1 + 4 * sum(map(_success, scores)) / len(scores)
 
 
 def _posterior_mean(scores, a0: float, b0: float) -> float:
