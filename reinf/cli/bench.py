@@ -1,5 +1,5 @@
-"""``reinf bench learn``, ``reinf bench rating-model``, ``reinf bench round`` and ``reinf bench
-speed``: benchmarks, not tests (docs/benchmarks.md).
+"""``reinf bench learn``, ``reinf bench rating-model``, ``reinf bench round``, ``reinf bench
+styles`` and ``reinf bench speed``: benchmarks, not tests (docs/benchmarks.md).
 
 ``reinf bench learn``'s defaults are ``LearnPlan``'s (reinf.bench.learn), read here, never
 restated.
@@ -14,6 +14,7 @@ from reinf.bench.learn import BASELINES, LearnPlan
 from reinf.bench.raters import NAMES, is_unseen
 from reinf.bench.rating_study import PLAN as STUDY
 from reinf.bench.round_study import PLAN as ROUND
+from reinf.bench.style_study import StylePlan
 from reinf.bench.text_raters import TEXT_RATERS
 from reinf.cli.common import emit, json_option
 
@@ -394,6 +395,80 @@ def round_(app, raters, arms, model_path, ratings, prompts, replies, seed, threa
     report = run_round_study(config, _expand_raters(raters), chosen, ratings=ratings,
                              prompts=prompts, replies=replies, seed=seed, resample=resample)
     emit(report, as_json, lambda r: click.echo(format_round_study(r)))
+
+
+STYLES = {f.name: f.default for f in dataclasses.fields(StylePlan)}
+_P = click.FloatRange(0, 1)
+
+
+@bench.command("styles")
+@click.option("--liked", default="Use a bulleted list.", show_default=True,
+              help="The style the simulated person likes: an instruction of the list, its "
+                   "number in it (1 = the first), or `none`.")
+@click.option("--base", type=_P, default=STYLES["base"], show_default=True,
+              help="P(a 5) for a plain reply or one in another style.")
+@click.option("--liked-p", type=_P, default=STYLES["liked_p"], show_default=True,
+              help="P(a 5) for a reply that followed the liked style.")
+@click.option("--follow", type=_P, default=STYLES["follow"], show_default=True,
+              help="P(the model followed the instruction it was given).")
+@click.option("--share", type=_P, default=STYLES["share"], show_default=True,
+              help="explore_styles: the share of replies asked for in a style.")
+@click.option("--ratings", default=",".join(map(str, STYLES["ratings"])), show_default=True,
+              help="Comma list of the numbers of ratings a round reads them at (at most 48).")
+@click.option("--margins", default=",".join(map(str, STYLES["margins"])), show_default=True,
+              help="Comma list of training.imitate_styled margins to read.")
+@click.option("--draws", type=click.IntRange(1), default=STYLES["draws"], show_default=True,
+              help="Simulated people for each case.")
+@click.option("--seed", type=click.IntRange(0), default=STYLES["seed"], show_default=True,
+              help="Seed of the draws.")
+@json_option
+@click.pass_obj
+def styles_(app, liked, base, liked_p, follow, share, ratings, margins, draws, seed, as_json):
+    """How often imitate_styled would imitate the liked style, and how often another one.
+
+    Simulates a person rating 48 replies, a --share of them asked for in a style the
+    product's own sampler picks (explore_pick: ratings), and reads, at each of --ratings,
+    the style lifts a rated round reads (training.styles_file's list). Trains and samples
+    nothing; seconds. Prints the share of draws imitating the liked style / another one,
+    by margin, beside the same person with no liked style.
+    """
+    from reinf.bench.style_study import format_style_study, run_style_study
+    from reinf.errors import BadInput
+    from reinf.training.styles import load_styles
+
+    styles = load_styles(app.config.training.styles_file)
+    chosen = None if liked.strip().lower() == "none" else liked.strip()
+    if chosen is not None and chosen.isdigit():
+        if not 1 <= int(chosen) <= len(styles):
+            raise BadInput(f"--liked {liked}: the list has {len(styles)} styles",
+                           fix=f"pass a number from 1 to {len(styles)}, a style, or none")
+        chosen = styles[int(chosen) - 1]
+    if chosen is not None and chosen not in styles:
+        raise BadInput(f"--liked {liked!r} is not one of the styles",
+                       fix="pass one of training.styles_file's lines, its number, or none")
+    counts, cuts = _numbers(ratings, int, "--ratings", "24,32,40"), \
+        _numbers(margins, float, "--margins", "0.5,1.0")
+    if not counts or counts[0] < 1 or counts[-1] > STYLES["total"]:
+        raise BadInput(f"--ratings takes counts from 1 to {STYLES['total']}, got {ratings!r}",
+                       fix="pass --ratings 24,32,40")
+    plan = StylePlan(liked=chosen, base=base, liked_p=liked_p, follow=follow, share=share,
+                     ratings=tuple(counts), margins=tuple(cuts), draws=draws, seed=seed)
+    report = run_style_study(plan, styles)
+    emit(report, as_json, lambda r: click.echo(format_style_study(r)))
+
+
+def _numbers(text: str, kind, option: str, example: str) -> list:
+    """A comma list of numbers, sorted and each once; a clear error if it is not one."""
+    from reinf.errors import BadInput
+
+    try:
+        values = sorted({kind(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        values = []
+    if not values:
+        raise BadInput(f"{option} takes a comma list of numbers, got {text!r}",
+                       fix=f"pass {option} {example}")
+    return values
 
 
 COMMANDS = [bench]

@@ -1,0 +1,123 @@
+"""``reinf bench styles``: how often would ``training.imitate_styled`` imitate the style a person
+likes, and how often one they do not, after a few dozen ratings?
+
+Trains and samples nothing. A simulated person rates 48 replies one by one. A share
+(``explore_styles``) of them is asked for in a style, picked by the product's own Thompson
+sampler over the ratings so far (``reinf.training.styles.pick_style``). The person rates a
+reply 5 with probability ``base``, else 1 (four times in five) or 2 or 3. A reply in the
+``liked`` style is rated 5 with probability ``liked`` instead, where the model followed the
+instruction (probability ``follow``; SmolLM2 often writes no example when asked for one).
+At each of ``ratings`` the product's ``style_lifts`` reads the ratings, and a rated round
+would imitate the top style where its lift reaches the margin (``styled_demonstrations``).
+Each margin gets the share of draws whose top style passes and is the liked one ("right")
+or another ("wrong"), beside the same person with no liked style, where every pass is
+chance.
+
+Why: on smollm2-135m the runs that learnt a style and those that imitated a wrong one
+differed mostly in what a handful of ratings of each style said (docs/benchmarks.md,
+"How often the imitated style is the liked one"). With 16 styles and half of 48 replies
+explored, each style has been rated one to five times when the rounds read them, and the
+best-looking of sixteen noisy means is biased upwards.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from reinf.records import StyleRatings
+from reinf.training.styles import pick_style, style_lifts
+
+
+@dataclass(frozen=True)
+class StylePlan:
+    """One simulated person and what to read off them."""
+    liked: str | None              # the style the person likes, None for no preference
+    base: float = 0.15             # P(5) for a plain reply or another style
+    liked_p: float = 0.45          # P(5) for a reply that followed the liked style
+    follow: float = 1.0            # P(the model followed the instruction)
+    share: float = 0.5             # explore_styles: the share of replies asked for a style
+    ratings: tuple[int, ...] = (24, 32, 40)
+    margins: tuple[float, ...] = (0.5, 0.75, 1.0)
+    draws: int = 300
+    seed: int = 0
+    total: int = field(default=48)
+
+
+def rate(p5: float, rng: random.Random) -> int:
+    """One rating: 5 with probability ``p5``, else mostly 1, sometimes 2 or 3."""
+    if rng.random() < p5:
+        return 5
+    return 1 if rng.random() < 0.8 else rng.choice((2, 3))
+
+
+def simulate(plan: StylePlan, styles: list[str], liked: str | None, rng: random.Random
+             ) -> dict[int, StyleRatings]:
+    """One person's ``plan.total`` ratings; the ratings as the rounds at ``plan.ratings``
+    would read them."""
+    scores: list[int] = []
+    by_style: dict[str, list[int]] = {}
+    seen: dict[int, StyleRatings] = {}
+    for i in range(1, plan.total + 1):
+        if rng.random() < plan.share:
+            rated = StyleRatings(tuple(scores), {k: tuple(v) for k, v in by_style.items()})
+            style = pick_style(styles, rated, rng)
+            followed = style == liked and rng.random() < plan.follow
+            score = rate(plan.liked_p if followed else plan.base, rng)
+            by_style.setdefault(style, []).append(score)
+        else:
+            score = rate(plan.base, rng)
+        scores.append(score)
+        if i in plan.ratings:
+            seen[i] = StyleRatings(tuple(scores), {k: tuple(v) for k, v in by_style.items()})
+    return seen
+
+
+def imitated(rated: StyleRatings, margin: float) -> str | None:
+    """The style a rated round would imitate at ``margin`` (the top lift, if it reaches
+    it), as ``reinf.training.plan.styled_demonstrations`` picks it."""
+    lifts = style_lifts(rated)
+    top = max(lifts, key=lifts.get, default=None)
+    return top if top is not None and lifts[top] >= margin else None
+
+
+def run_style_study(plan: StylePlan, styles: list[str], *, progress=None) -> dict:
+    """The share of draws whose rated round imitates the liked style or another one, by
+    margin and number of ratings, for the person of ``plan`` and the same person with no
+    liked style."""
+    people = {"liked": plan.liked, "no preference": None} if plan.liked else {
+        "no preference": None}
+    out: dict = {"plan": {**plan.__dict__, "styles": len(styles)}, "people": {}}
+    for label, liked in people.items():
+        counts = {m: {n: [0, 0] for n in plan.ratings} for m in plan.margins}
+        for draw in range(plan.draws):
+            rng = random.Random(plan.seed * 1_000_003 + draw)
+            for n, rated in simulate(plan, styles, liked, rng).items():
+                for m in plan.margins:
+                    style = imitated(rated, m)
+                    if style is not None:
+                        counts[m][n][0 if style == liked else 1] += 1
+            if progress:
+                progress(label, draw + 1, plan.draws)
+        out["people"][label] = {
+            "liked": liked,
+            "by_margin": {str(m): {str(n): {"right": r / plan.draws, "wrong": w / plan.draws}
+                                   for n, (r, w) in by_n.items()}
+                          for m, by_n in counts.items()}}
+    return out
+
+
+def format_style_study(report: dict) -> str:
+    """The report as a table a person reads: right / wrong at each number of ratings."""
+    p = report["plan"]
+    lines = [f"{p['draws']} simulated people each, {p['styles']} styles, explore_styles "
+             f"{p['share']}, P(5): plain {p['base']}, liked style {p['liked_p']} where "
+             f"followed ({p['follow']})",
+             "share of rated rounds imitating the liked style / another style:"]
+    for label, person in report["people"].items():
+        name = f"likes {person['liked']!r}" if person["liked"] else "likes no style"
+        lines.append(f"  {name}")
+        lines.append("    margin  " + "  ".join(f"{n:>11} ratings" for n in p["ratings"]))
+        for m, by_n in person["by_margin"].items():
+            cells = "  ".join(f"{c['right']:>9.2f} / {c['wrong']:.2f}" for c in by_n.values())
+            lines.append(f"    {float(m):>6.2f}  {cells}")
+    return "\n".join(lines)
