@@ -22,7 +22,7 @@ best-looking of sixteen noisy means is biased upwards.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from reinf.records import StyleRatings
 from reinf.training.styles import pick_style, style_lifts
@@ -40,7 +40,7 @@ class StylePlan:
     margins: tuple[float, ...] = (0.5, 0.75, 1.0)
     draws: int = 300
     seed: int = 0
-    total: int = field(default=48)
+    total: int = 48                # ratings a person gives
 
 
 def rate(p5: float, rng: random.Random) -> int:
