@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 
 from reinf.records import StyleRatings
-from reinf.training.styles import pick_style, style_lifts
+from reinf.training.styles import pick_style, style_lifts, top_lifted
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,12 @@ def simulate(plan: StylePlan, styles: list[str], liked: str | None, rng: random.
     scores: list[int] = []
     by_style: dict[str, list[int]] = {}
     seen: dict[int, StyleRatings] = {}
+    def now() -> StyleRatings:
+        return StyleRatings(tuple(scores), {k: tuple(v) for k, v in by_style.items()})
+
     for i in range(1, plan.total + 1):
         if rng.random() < plan.share:
-            rated = StyleRatings(tuple(scores), {k: tuple(v) for k, v in by_style.items()})
-            style = pick_style(styles, rated, rng)
+            style = pick_style(styles, now(), rng)
             followed = style == liked and rng.random() < plan.follow
             score = rate(plan.liked_p if followed else plan.base, rng)
             by_style.setdefault(style, []).append(score)
@@ -68,24 +70,21 @@ def simulate(plan: StylePlan, styles: list[str], liked: str | None, rng: random.
             score = rate(plan.base, rng)
         scores.append(score)
         if i in plan.ratings:
-            seen[i] = StyleRatings(tuple(scores), {k: tuple(v) for k, v in by_style.items()})
+            seen[i] = now()
     return seen
 
 
 def imitated(rated: StyleRatings, margin: float) -> str | None:
     """The style a rated round would imitate at ``margin`` (the top lift, if it reaches
     it), as ``reinf.training.plan.styled_demonstrations`` picks it."""
-    lifts = style_lifts(rated)
-    top = max(lifts, key=lifts.get, default=None)
-    return top if top is not None and lifts[top] >= margin else None
+    return top_lifted(style_lifts(rated), margin)
 
 
-def run_style_study(plan: StylePlan, styles: list[str], *, progress=None) -> dict:
+def run_style_study(plan: StylePlan, styles: list[str]) -> dict:
     """The share of draws whose rated round imitates the liked style or another one, by
     margin and number of ratings, for the person of ``plan`` and the same person with no
     liked style."""
-    people = {"liked": plan.liked, "no preference": None} if plan.liked else {
-        "no preference": None}
+    people = ({"liked": plan.liked} if plan.liked else {}) | {"no preference": None}
     out: dict = {"plan": {**plan.__dict__, "styles": len(styles)}, "people": {}}
     for label, liked in people.items():
         counts = {m: {n: [0, 0] for n in plan.ratings} for m in plan.margins}
@@ -96,8 +95,6 @@ def run_style_study(plan: StylePlan, styles: list[str], *, progress=None) -> dic
                     style = imitated(rated, m)
                     if style is not None:
                         counts[m][n][0 if style == liked else 1] += 1
-            if progress:
-                progress(label, draw + 1, plan.draws)
         out["people"][label] = {
             "liked": liked,
             "by_margin": {str(m): {str(n): {"right": r / plan.draws, "wrong": w / plan.draws}

@@ -306,10 +306,7 @@ def rating_model(app, raters, model_path, prompts, replies, ratings, draws, seed
     from reinf.errors import BadInput
 
     expanded = _expand_raters(raters)
-    try:
-        counts = sorted({int(n) for n in ratings.split(",") if n.strip()})
-    except ValueError:
-        counts = []
+    counts = _numbers(ratings, int)
     if not counts or counts[0] < 2:
         raise BadInput(f"--ratings takes a comma list of counts of at least 2, got {ratings!r}",
                        fix="pass --ratings 16,32,48")
@@ -446,8 +443,11 @@ def styles_(app, liked, base, liked_p, follow, share, ratings, margins, draws, s
     if chosen is not None and chosen not in styles:
         raise BadInput(f"--liked {liked!r} is not one of the styles",
                        fix="pass one of training.styles_file's lines, its number, or none")
-    counts, cuts = _numbers(ratings, int, "--ratings", "24,32,40"), \
-        _numbers(margins, float, "--margins", "0.5,1.0")
+    cuts = _numbers(margins, float)
+    if not cuts:
+        raise BadInput(f"--margins takes a comma list of numbers, got {margins!r}",
+                       fix="pass --margins 0.5,1.0")
+    counts = _numbers(ratings, int)
     if not counts or counts[0] < 1 or counts[-1] > STYLES["total"]:
         raise BadInput(f"--ratings takes counts from 1 to {STYLES['total']}, got {ratings!r}",
                        fix="pass --ratings 24,32,40")
@@ -457,18 +457,13 @@ def styles_(app, liked, base, liked_p, follow, share, ratings, margins, draws, s
     emit(report, as_json, lambda r: click.echo(format_style_study(r)))
 
 
-def _numbers(text: str, kind, option: str, example: str) -> list:
-    """A comma list of numbers, sorted and each once; a clear error if it is not one."""
-    from reinf.errors import BadInput
-
+def _numbers(text: str, kind) -> list:
+    """A comma list of numbers (``kind``: int or float), sorted and each once; empty when
+    it is not one (the option's own check names the problem)."""
     try:
-        values = sorted({kind(x) for x in text.split(",") if x.strip()})
+        return sorted({kind(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        values = []
-    if not values:
-        raise BadInput(f"{option} takes a comma list of numbers, got {text!r}",
-                       fix=f"pass {option} {example}")
-    return values
+        return []
 
 
 COMMANDS = [bench]

@@ -242,7 +242,7 @@ def styled_demonstrations(config, session, samples, rated, *, now, seed: int, re
     from reinf.rewards.mapper import compute_rewards
     from reinf.training.rollouts import sample_rollouts
     from reinf.training.styles import (instruction_ids, load_styles, style_lifts,
-                                       template_tail, with_instruction)
+                                       template_tail, top_lifted, with_instruction)
 
     t, g = config.training, config.generation
     if (t.method != "rollouts" or not t.imitate_styled or not t.styled_rollouts
@@ -251,8 +251,8 @@ def styled_demonstrations(config, session, samples, rated, *, now, seed: int, re
     styles = set(load_styles(t.styles_file))
     lifts = {s: x for s, x in style_lifts(rated).items() if s in styles}
     shown = {"style_lifts": {s: round(x, 3) for s, x in lifts.items()}} if lifts else {}
-    style = max(lifts, key=lifts.get, default=None)
-    if style is None or lifts[style] < t.imitate_styled:
+    style = top_lifted(lifts, t.imitate_styled)
+    if style is None:
         return [], shown
     prompts, text_of, max_new = _rollout_prompts(config, session, samples, seed)
     tokenizer = session.loaded.tokenizer

@@ -179,6 +179,13 @@ def style_lifts(rated: StyleRatings) -> dict[str, float]:
             for style, scores in rated.by_style.items() if len(scores) >= EXPLOIT_RATINGS}
 
 
+def top_lifted(lifts: dict[str, float], margin: float) -> str | None:
+    """The style with the highest lift, where that lift reaches ``margin``; else None: the
+    style a rated round imitates (``training.imitate_styled``, reinf.training.plan)."""
+    style = max(lifts, key=lifts.get, default=None)
+    return style if style is not None and lifts[style] >= margin else None
+
+
 def _mean(scores) -> float:
     """The mean of ratings, each held to the scale (1-5) as ``_success`` holds it."""
     return 1 + 4 * sum(map(_success, scores)) / len(scores)
