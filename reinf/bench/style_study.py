@@ -13,6 +13,14 @@ Each margin gets the share of draws whose top style passes and is the liked one 
 or another ("wrong"), beside the same person with no liked style, where every pass is
 chance.
 
+Beside the margins, ``posteriors`` reads the same ratings with the rule that knows the
+person (``knowing_pick``): the probability that each style is the liked one, given its
+ratings, the person's true P(5)s, and that half of people like one of the styles (each
+equally likely). No rule that reads only the ratings can tell the liked style apart
+better than that one, so where its right / wrong shares at some threshold are no better
+than a margin's at the same number of passes, the margin is not what to improve: the
+ratings hold too little.
+
 Why: on smollm2-135m the runs that learnt a style and those that imitated a wrong one
 differed mostly in what a handful of ratings of each style said (docs/benchmarks.md,
 "How often the imitated style is the liked one"). With 16 styles and half of 48 replies
@@ -21,6 +29,7 @@ best-looking of sixteen noisy means is biased upwards.
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -38,6 +47,7 @@ class StylePlan:
     share: float = 0.5             # explore_styles: the share of replies asked for a style
     ratings: tuple[int, ...] = (24, 32, 40)
     margins: tuple[float, ...] = (0.5, 0.75, 1.0)
+    posteriors: tuple[float, ...] = (0.1, 0.2, 0.5)  # knowing_pick's thresholds
     draws: int = 300
     seed: int = 0
     total: int = 48                # ratings a person gives
@@ -80,26 +90,52 @@ def imitated(rated: StyleRatings, margin: float) -> str | None:
     return top_lifted(style_lifts(rated), margin)
 
 
+def knowing_pick(rated: StyleRatings, plan: StylePlan, styles: list[str], at_least: float
+                 ) -> str | None:
+    """The style most likely to be the liked one, where that probability reaches
+    ``at_least``: the Bayes rule that knows the person of ``plan``.
+
+    Half of people like one of ``styles`` (each equally likely), the other half none. A
+    liked style's reply is rated 5 with probability ``follow * liked_p + (1 - follow) *
+    base``, every other reply with ``base``; the ratings below 5 fall alike either way, so
+    only a style's count of 5s and of the rest tells."""
+    def held(p: float) -> float:
+        return min(max(p, 1e-6), 1 - 1e-6)
+    liked_p = held(plan.follow * plan.liked_p + (1 - plan.follow) * plan.base)
+    base = held(plan.base)
+    five, rest = math.log(liked_p / base), math.log((1 - liked_p) / (1 - base))
+    weight = {}
+    for style in styles:
+        scores = rated.by_style.get(style, ())
+        fives = sum(1 for s in scores if s == 5)
+        weight[style] = 0.5 / len(styles) * math.exp(fives * five + (len(scores) - fives) * rest)
+    best = max(weight, key=weight.get)
+    return best if weight[best] / (0.5 + sum(weight.values())) >= at_least else None
+
+
 def run_style_study(plan: StylePlan, styles: list[str]) -> dict:
     """The share of draws whose rated round imitates the liked style or another one, by
-    margin and number of ratings, for the person of ``plan`` and the same person with no
-    liked style."""
+    margin (and ``knowing_pick``'s threshold) and number of ratings, for the person of
+    ``plan`` and the same person with no liked style."""
     people = ({"liked": plan.liked} if plan.liked else {}) | {"no preference": None}
     out: dict = {"plan": {**plan.__dict__, "styles": len(styles)}, "people": {}}
     for label, liked in people.items():
-        counts = {m: {n: [0, 0] for n in plan.ratings} for m in plan.margins}
+        rules = {("by_margin", m): lambda r, m=m: imitated(r, m) for m in plan.margins} | {
+            ("by_posterior", q): lambda r, q=q: knowing_pick(r, plan, styles, q)
+            for q in plan.posteriors}
+        counts = {rule: {n: [0, 0] for n in plan.ratings} for rule in rules}
         for draw in range(plan.draws):
             rng = random.Random(plan.seed * 1_000_003 + draw)
             for n, rated in simulate(plan, styles, liked, rng).items():
-                for m in plan.margins:
-                    style = imitated(rated, m)
+                for rule, pick in rules.items():
+                    style = pick(rated)
                     if style is not None:
-                        counts[m][n][0 if style == liked else 1] += 1
-        out["people"][label] = {
-            "liked": liked,
-            "by_margin": {str(m): {str(n): {"right": r / plan.draws, "wrong": w / plan.draws}
-                                   for n, (r, w) in by_n.items()}
-                          for m, by_n in counts.items()}}
+                        counts[rule][n][0 if style == liked else 1] += 1
+        person: dict = {"liked": liked, "by_margin": {}, "by_posterior": {}}
+        for (kind, cut), by_n in counts.items():
+            person[kind][str(cut)] = {str(n): {"right": r / plan.draws, "wrong": w / plan.draws}
+                                      for n, (r, w) in by_n.items()}
+        out["people"][label] = person
     return out
 
 
@@ -113,8 +149,15 @@ def format_style_study(report: dict) -> str:
     for label, person in report["people"].items():
         name = f"likes {person['liked']!r}" if person["liked"] else "likes no style"
         lines.append(f"  {name}")
-        lines.append("    margin  " + "  ".join(f"{n:>11} ratings" for n in p["ratings"]))
-        for m, by_n in person["by_margin"].items():
+        lines.append("    rule      " + "  ".join(f"{n:>11} ratings" for n in p["ratings"]))
+        rows = [(f"lift>={float(m):.2f}", by_n) for m, by_n in person["by_margin"].items()]
+        rows += [(f"P>={float(q):.2f}", by_n) for q, by_n in person["by_posterior"].items()]
+        for name, by_n in rows:
             cells = "  ".join(f"{c['right']:>9.2f} / {c['wrong']:.2f}" for c in by_n.values())
-            lines.append(f"    {float(m):>6.2f}  {cells}")
+            lines.append(f"    {name:>10}{cells}")
+    lines.append("lift>=x: the margin (training.imitate_styled x) on the top style's lift")
+    if p["posteriors"]:
+        lines.append("P>=x: the rule that knows the person's P(5)s imitates the likeliest "
+                     "liked style where that probability reaches x; no rule reading only "
+                     "these ratings gets more right for as few wrong")
     return "\n".join(lines)

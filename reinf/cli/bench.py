@@ -414,20 +414,26 @@ _P = click.FloatRange(0, 1)
               help="Comma list of the numbers of ratings a round reads them at (at most 48).")
 @click.option("--margins", default=",".join(map(str, STYLES["margins"])), show_default=True,
               help="Comma list of training.imitate_styled margins to read.")
+@click.option("--posteriors", default=",".join(map(str, STYLES["posteriors"])),
+              show_default=True,
+              help="Comma list of thresholds for the rule that knows the person (the "
+                   "probability that the likeliest style is the liked one); `none` for none.")
 @click.option("--draws", type=click.IntRange(1), default=STYLES["draws"], show_default=True,
               help="Simulated people for each case.")
 @click.option("--seed", type=click.IntRange(0), default=STYLES["seed"], show_default=True,
               help="Seed of the draws.")
 @json_option
 @click.pass_obj
-def styles_(app, liked, base, liked_p, follow, share, ratings, margins, draws, seed, as_json):
+def styles_(app, liked, base, liked_p, follow, share, ratings, margins, posteriors, draws, seed,
+            as_json):
     """How often imitate_styled would imitate the liked style, and how often another one.
 
     Simulates a person rating 48 replies, a --share of them asked for in a style the
     product's own sampler picks (explore_pick: ratings), and reads, at each of --ratings,
     the style lifts a rated round reads (training.styles_file's list). Trains and samples
     nothing; seconds. Prints the share of draws imitating the liked style / another one,
-    by margin, beside the same person with no liked style.
+    by margin, beside the same person with no liked style, and the same for the Bayes rule
+    that knows the person's P(5)s (--posteriors): the best any rule on those ratings does.
     """
     from reinf.bench.style_study import format_style_study, run_style_study
     from reinf.errors import BadInput
@@ -447,12 +453,18 @@ def styles_(app, liked, base, liked_p, follow, share, ratings, margins, draws, s
     if not cuts:
         raise BadInput(f"--margins takes a comma list of numbers, got {margins!r}",
                        fix="pass --margins 0.5,1.0")
+    knowing = [] if posteriors.strip().lower() == "none" else _numbers(posteriors, float)
+    if posteriors.strip().lower() != "none" and (
+            not knowing or knowing[0] <= 0 or knowing[-1] > 1):
+        raise BadInput(f"--posteriors takes probabilities above 0, at most 1, got "
+                       f"{posteriors!r}", fix="pass --posteriors 0.1,0.5 or none")
     counts = _numbers(ratings, int)
     if not counts or counts[0] < 1 or counts[-1] > STYLES["total"]:
         raise BadInput(f"--ratings takes counts from 1 to {STYLES['total']}, got {ratings!r}",
                        fix="pass --ratings 24,32,40")
     plan = StylePlan(liked=chosen, base=base, liked_p=liked_p, follow=follow, share=share,
-                     ratings=tuple(counts), margins=tuple(cuts), draws=draws, seed=seed)
+                     ratings=tuple(counts), margins=tuple(cuts), posteriors=tuple(knowing),
+                     draws=draws, seed=seed)
     report = run_style_study(plan, styles)
     emit(report, as_json, lambda r: click.echo(format_style_study(r)))
 

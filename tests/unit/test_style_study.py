@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from reinf.bench.style_study import StylePlan, imitated, run_style_study, simulate
+from reinf.bench.style_study import (StylePlan, imitated, knowing_pick, run_style_study,
+                                     simulate)
 from reinf.records import StyleRatings
 from reinf.training.styles import BUILTIN_STYLES
 
@@ -43,6 +44,27 @@ def test_a_strong_preference_is_found_and_a_person_without_one_only_passes_by_ch
     assert nobody["0.5"]["40"]["wrong"] > 0.2     # chance passes are what it measures
 
 
+def test_the_rule_that_knows_the_person_weighs_fives_against_the_person_s_rates():
+    strong = StylePlan(liked=LIST, base=0.05, liked_p=0.95)
+    rated = StyleRatings((1,) * 20 + (5, 5, 5), {LIST: (5, 5, 5), "Be brief.": (5, 1)})
+    assert knowing_pick(rated, strong, STYLES, 0.5) == LIST
+    # one 5 in two is little evidence among 16 styles, and none where a 5 is common
+    one = StyleRatings((1,) * 20 + (5, 1), {LIST: (5, 1)})
+    assert knowing_pick(one, StylePlan(liked=LIST), STYLES, 0.5) is None
+    generous = StylePlan(liked=LIST, base=0.9, liked_p=0.95)
+    assert knowing_pick(StyleRatings((5,) * 23, {LIST: (5, 5, 5)}), generous, STYLES, 0.5) is None
+
+
+def test_the_knowing_rule_finds_a_strong_preference_and_seldom_imitates_for_nobody():
+    plan = StylePlan(liked=LIST, base=0.05, liked_p=0.95, ratings=(40,), margins=(0.5,),
+                     posteriors=(0.5,), draws=60)
+    people = run_style_study(plan, STYLES)["people"]
+    knows = people["liked"]["by_posterior"]["0.5"]["40"]
+    assert knows["right"] > 0.2 and knows["wrong"] < 0.1
+    nobody = people["no preference"]
+    assert nobody["by_posterior"]["0.5"]["40"]["wrong"] < nobody["by_margin"]["0.5"]["40"]["wrong"]
+
+
 def test_the_command_prints_a_table_and_names_a_bad_style(invoke, home):
     result = invoke("bench", "styles", "--draws", "5", "--liked", "3")
     assert result.exit_code == 0, result.output
@@ -52,3 +74,7 @@ def test_the_command_prints_a_table_and_names_a_bad_style(invoke, home):
     assert "not one of the styles" in bad.output
     bad = invoke("bench", "styles", "--ratings", "60")
     assert bad.exit_code != 0 and "from 1 to 48" in bad.output
+    bad = invoke("bench", "styles", "--posteriors", "2")
+    assert bad.exit_code != 0 and "--posteriors" in bad.output and "Traceback" not in bad.output
+    none = invoke("bench", "styles", "--draws", "5", "--posteriors", "none")
+    assert none.exit_code == 0 and "P>=" not in none.output
