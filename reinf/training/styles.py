@@ -174,9 +174,16 @@ def style_lifts(rated: StyleRatings) -> dict[str, float]:
     pulls towards the middle of the scale, so for a person who rates nearly everything 5
     every style rated 5 four times showed a lift of about +0.5, and a style rated exactly
     as the usual +0.3: no-question-back's rounds imitated such styles, docs/benchmarks.md.)"""
-    usual = _mean(rated.scores) if rated.scores else 3.0
+    usual = usual_rating(rated)
     return {style: len(scores) / (len(scores) + PRIOR_RATINGS) * (_mean(scores) - usual)
             for style, scores in rated.by_style.items() if len(scores) >= EXPLOIT_RATINGS}
+
+
+def usual_rating(rated: StyleRatings) -> float:
+    """The person's usual rating: the mean of their recent ratings (``rated.scores``, the
+    last 1,000 by ``Store.style_ratings``), each held to the scale; 3 before any. The lifts
+    are measured from it, and ``training.imitate_explored``'s margin too."""
+    return _mean(rated.scores) if rated.scores else 3.0
 
 
 def top_lifted(lifts: dict[str, float], margin: float) -> str | None:

@@ -68,6 +68,7 @@ from reinf.training import checkpoints
 from reinf.training.outcome import NothingToTrain
 from reinf.training.pairs import pairs_waiting
 from reinf.training.plan import collect_rollouts, plan_round, styled_demonstrations
+from reinf.training.styles import usual_rating
 from reinf.training.rewrites import (best_rated_episodes, demonstrations, imitated_before,
                                      read_rewrites)
 from reinf.training.promotion import (gate, measure_fluency, measure_vs_base, promote,
@@ -179,10 +180,10 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # below) are imitated until likely in every round, whichever rule the rewrites follow:
     # imitated once, gives-example's held-out perplexity rose 15% (docs/benchmarks.md)
     # (rated at least EXPLORED_MARGIN above the person's mean rating: a 5 from someone who
-    # rates everything 5 says nothing of the style)
-    explored = best_rated_episodes(0, episodes, used, imitated_before=None,
-                                   explored=config.training.imitate_explored,
-                                   usual=sum(s.score for s in samples) / max(len(samples), 1))
+    # rates everything 5 says nothing of the style; the usual is the one the lifts read)
+    explored = best_rated_episodes(
+        0, episodes, used, imitated_before=None, explored=config.training.imitate_explored,
+        usual=usual_rating(store.style_ratings()) if config.training.imitate_explored else None)
     until_ids = {id(e) for e in explored}
     best_ids = {id(e) for e in best_rated} | until_ids  # the rated replies imitated
     imitate_ids |= best_ids

@@ -347,3 +347,12 @@ def test_ppo_reads_a_reply_served_in_a_style_as_the_round_start_policy_s(tokeniz
     assert not skipped
     assert episodes[0][2] == [-0.5, -0.25]
     assert episodes[1][2] is None
+
+
+def test_the_usual_rating_is_the_recent_mean_held_to_the_scale_and_the_lifts_start_from_it():
+    from reinf.training.styles import style_lifts, usual_rating
+    assert usual_rating(StyleRatings((), {})) == 3.0          # before any rating
+    assert usual_rating(StyleRatings((5, 1, 9), {})) == pytest.approx(11 / 3)  # 9 held to 5
+    rated = StyleRatings((2,) * 10 + (4, 4), {"Be brief.": (4, 4)})
+    lift = style_lifts(rated)["Be brief."]
+    assert lift == pytest.approx(2 / 4 * (4 - usual_rating(rated)))
