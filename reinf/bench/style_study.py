@@ -119,10 +119,10 @@ def run_style_study(plan: StylePlan, styles: list[str]) -> dict:
     ``plan`` and the same person with no liked style."""
     people = ({"liked": plan.liked} if plan.liked else {}) | {"no preference": None}
     out: dict = {"plan": {**plan.__dict__, "styles": len(styles)}, "people": {}}
+    rules = {("by_margin", m): lambda r, m=m: imitated(r, m) for m in plan.margins} | {
+        ("by_posterior", q): lambda r, q=q: knowing_pick(r, plan, styles, q)
+        for q in plan.posteriors}
     for label, liked in people.items():
-        rules = {("by_margin", m): lambda r, m=m: imitated(r, m) for m in plan.margins} | {
-            ("by_posterior", q): lambda r, q=q: knowing_pick(r, plan, styles, q)
-            for q in plan.posteriors}
         counts = {rule: {n: [0, 0] for n in plan.ratings} for rule in rules}
         for draw in range(plan.draws):
             rng = random.Random(plan.seed * 1_000_003 + draw)
