@@ -453,9 +453,9 @@ def styles_(app, liked, base, liked_p, follow, share, ratings, margins, posterio
     if not cuts:
         raise BadInput(f"--margins takes a comma list of numbers, got {margins!r}",
                        fix="pass --margins 0.5,1.0")
-    knowing = [] if posteriors.strip().lower() == "none" else _numbers(posteriors, float)
-    if posteriors.strip().lower() != "none" and (
-            not knowing or knowing[0] <= 0 or knowing[-1] > 1):
+    no_posteriors = posteriors.strip().lower() == "none"
+    knowing = [] if no_posteriors else _numbers(posteriors, float)
+    if not no_posteriors and (not knowing or knowing[0] <= 0 or knowing[-1] > 1):
         raise BadInput(f"--posteriors takes probabilities above 0, at most 1, got "
                        f"{posteriors!r}", fix="pass --posteriors 0.1,0.5 or none")
     counts = _numbers(ratings, int)

@@ -181,9 +181,12 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # imitated once, gives-example's held-out perplexity rose 15% (docs/benchmarks.md)
     # (rated at least EXPLORED_MARGIN above the person's mean rating: a 5 from someone who
     # rates everything 5 says nothing of the style; the usual is the one the lifts read)
+    # one read of the person's ratings by style serves this margin and the styled rollouts
+    by_style = (store.style_ratings()
+                if config.training.imitate_explored or config.training.styled_rollouts else None)
     explored = best_rated_episodes(
         0, episodes, used, imitated_before=None, explored=config.training.imitate_explored,
-        usual=usual_rating(store.style_ratings()) if config.training.imitate_explored else None)
+        usual=usual_rating(by_style) if config.training.imitate_explored else None)
     until_ids = {id(e) for e in explored}
     best_ids = {id(e) for e in best_rated} | until_ids  # the rated replies imitated
     imitate_ids |= best_ids
@@ -214,7 +217,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     t = config.training
     # the person's ratings by style: training.styled_pick draws the styled rollouts' styles
     # by them, training.imitate_styled reads each style's lift (in a rated round too)
-    rated_styles = (store.style_ratings() if t.styled_rollouts and (
+    rated_styles = (by_style if t.styled_rollouts and (
         t.imitate_styled or (plan.mode == "rollouts" and t.styled_pick == "ratings"))
         else None)
     passes: list[dict[str, Any]] = []
