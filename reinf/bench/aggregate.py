@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # for the annotations only: reinf.bench.learn imports this mo
 GOAL_RISE, GOAL_RISE_BY = 1.0, 48             # probe mean +1.0 over the base by 48 ratings
 GOAL_SHARE, GOAL_SHARE_BY = 0.9, 96           # preferred share >= 90% by 96 ratings
 GOAL_PPL_PREFERRED = 0.05                     # perplexity on preferred-style replies +5% at most
+GOAL_PPL_GENERAL = 0.05                       # perplexity on general text +5% at most
 GOAL_SPEARMAN, GOAL_SPEARMAN_AFTER = 0.8, 48  # rating model's cross-validated Spearman
 POINT_KEYS = ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
               "perplexity_preferred", "rating_model_consistency")
@@ -164,9 +165,9 @@ def summarize_method(runs: list[dict], plan: LearnPlan, base: dict) -> dict:
     def mode_count(mode: str) -> Callable[[dict], Any]:
         return lambda r: None if r["modes"] is None else r["modes"].get(mode, 0)
 
-    final = {key: figure(lambda r, key=key: r["final"][key]) for key in
+    final = {key: figure(lambda r, key=key: r["final"].get(key)) for key in
              ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
-              "perplexity_preferred")}
+              "perplexity_preferred", "perplexity_general")}
     summary = {
         "ratings_to_target": aggregate_reach([r["ratings_to_target"] for r in runs], never),
         "ratings_to_target_held": aggregate_reach([r["ratings_to_target_held"] for r in runs],
@@ -179,6 +180,8 @@ def summarize_method(runs: list[dict], plan: LearnPlan, base: dict) -> dict:
                                                     base["perplexity"])),
         "perplexity_preferred_change": figure(lambda r: ratio(
             r["final"]["perplexity_preferred"], base.get("perplexity_preferred"))),
+        "perplexity_general_change": figure(lambda r: ratio(
+            r["final"].get("perplexity_general"), base.get("perplexity_general"))),
         "rating_model_consistency_last": figure(
             lambda r: value_at(r["curve"], plan.ratings, "rating_model_consistency")),
         "probe_falls": figure(lambda r: probe_falls(r["curve"])),
@@ -213,6 +216,7 @@ def check_goals(report: dict) -> dict:
     at96 = aggregate([value_at(r["curve"], GOAL_SHARE_BY, "probe_preferred_share")
                       for r in runs] if enough_share else [])
     ppl = ppo["summary"]["perplexity_preferred_change"]
+    general = ppo["summary"].get("perplexity_general_change") or aggregate([])
     mine = ppo["summary"]["ratings_to_target_held"]
     # every baseline (best-of-n too), and of a KTO learning-rate sweep its best run
     kto = best_kto(report["methods"])
@@ -235,6 +239,10 @@ def check_goals(report: dict) -> dict:
             "base": base.get("perplexity_preferred"), "change": ppl,
             "overall_change": ppo["summary"]["perplexity_change"],
             "met": ppl["mean"] is not None and ppl["mean"] <= GOAL_PPL_PREFERRED},
+        # the "held-out general text, not the person's style" (reinf.bench.probe)
+        "perplexity_general": {
+            "base": base.get("perplexity_general"), "change": general,
+            "met": general["mean"] is not None and general["mean"] <= GOAL_PPL_GENERAL},
         "fewer_ratings_than_baselines": {
             "reinf": mine["mean"], **{m: {"mean": v["mean"], "bound": v["bound"]}
                                       for m, v in others.items()},

@@ -195,7 +195,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
             prepare_shared(ctx, plan, shared)
         probe = Probe(ctx, plan, shared, progress)
         if "base" not in shared:
-            shared["base"] = probe.measure(max(plan.probe, plan.final_probe))
+            shared["base"] = probe.measure(max(plan.probe, plan.final_probe), general=True)
             shared["base_curve"] = probe.measure(plan.probe)
             progress(f"base model: probe mean {shared['base_curve']['probe_mean_rating']:.2f}, "
                      f"preferred {shared['base_curve']['probe_preferred_share']:.0%} "
@@ -271,7 +271,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                 progress(f"{tag} {n}/{plan.ratings} ratings: live mean {w['mean_rating']:.2f}, "
                          f"preferred {w['preferred_share']:.0%}; ppl {w['perplexity']:.3f} "
                          f"(preferred style {w['perplexity_preferred'] or 0:.3f}), {loop:.0f} s")
-        final = probe.measure(max(plan.probe, plan.final_probe))
+        final = probe.measure(max(plan.probe, plan.final_probe), general=True)
         if keep_served:
             shared.setdefault("served_rating_models", {})[seed] = served
         points = [(p["ratings"], p["probe_mean_rating"]) for p in curve]
@@ -320,6 +320,12 @@ def served_rating_model(ctx: Context, n: int, last: dict) -> dict:
         return {**last, "ratings": n}
     return {"ratings": n, "checkpoint_id": cid,
             "state": load_rating_model(Path(active.path)) if active else None}
+
+
+def base_perplexities(base: dict) -> dict:
+    """Best-of-n's perplexities: the base model's, since it serves the base."""
+    return {key: base.get(key) for key in
+            ("perplexity", "perplexity_preferred", "perplexity_general")}
 
 
 def run_bestofn(config, plan: LearnPlan, k: int, seed: int, shared: dict,
@@ -376,8 +382,7 @@ def run_bestofn(config, plan: LearnPlan, k: int, seed: int, shared: dict,
             "rating_model_consistency": choice.consistency,
             "probe_mean_rating": statistics.fmean(s for s, _ in probe),
             "probe_preferred_share": statistics.fmean(g for _, g in probe),
-            "kl": None, "perplexity": base["perplexity"],
-            "perplexity_preferred": base.get("perplexity_preferred"), "probe": len(probe),
+            "kl": None, **base_perplexities(base), "probe": len(probe),
             "active_checkpoint": None, "rating_model_checkpoint": entry["checkpoint_id"],
             "chosen": choice.chosen[:plan.probe],
             "candidates_predicted": [[None if v is None else round(v, 4) for v in row]
@@ -405,15 +410,13 @@ def run_bestofn(config, plan: LearnPlan, k: int, seed: int, shared: dict,
         rated, choice = finals
         final = {"probe_mean_rating": statistics.fmean(s for s, _ in rated),
                  "probe_preferred_share": statistics.fmean(g for _, g in rated),
-                 "kl": None, "perplexity": base["perplexity"],
-                 "perplexity_preferred": base.get("perplexity_preferred"), "probe": len(rated),
+                 "kl": None, **base_perplexities(base), "probe": len(rated),
                  "active_checkpoint": None, "reranked": choice.reranked}
     ends = sorted({n for n in range(1, plan.ratings + 1)
                    if n % plan.window == 0 or n == plan.ratings})
     windows = [{"ratings": 0, **shared["base_curve"]}] + [
         {"ratings": n, "mean_rating": None, "preferred_share": None, "kl": None,
-         "perplexity": base["perplexity"],
-         "perplexity_preferred": base.get("perplexity_preferred"),
+         **base_perplexities(base),
          **{key: value_at(curve, n, key) for key in ("probe_mean_rating",
                                                      "probe_preferred_share")}}
         for n in ends]
@@ -476,13 +479,14 @@ def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, s
 
 def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
     """What every method and seed measures against: held-out corpus items and their ratings,
-    the probe prompts (the plan's, in their fixed order, repeated to the size needed), and
+    the general-text passages, the probe prompts (the plan's, in their fixed order, repeated to the size needed), and
     the model's name."""
-    from reinf.bench.probe import load_heldout
+    from reinf.bench.probe import load_general_text, load_heldout
     from reinf.bench.prompts import repeat_to
     from reinf.bench.raters import load_rater
 
     heldout = load_heldout(ctx.engine.tokenizer, plan.heldout)
+    shared["general"] = load_general_text(ctx.engine.tokenizer)
     judge = load_rater(plan.rater, seed=PROBE_SEED + 1)  # its own stream: held-out ratings
     shared["heldout"] = heldout
     shared["heldout_scores"] = [judge(p, r) for p, r in zip(heldout.prompts, heldout.replies)]
@@ -517,18 +521,20 @@ class Probe:
         if self.say is not None:
             self.say(f"  probe: {done}/{total} replies")
 
-    def measure(self, n: int) -> dict:
+    def measure(self, n: int, *, general: bool = False) -> dict:
+        """The figures of the active checkpoint on the first ``n`` probe prompts; with
+        ``general`` (the base and the final measure), its general-text perplexity too."""
         active = self.ctx.store.active_checkpoint()
         entry = self.cache.setdefault(active.id if active else None, {})
         if not entry:
             from reinf.bench.raters import load_rater
             entry.update(judge=load_rater(self.plan.rater, seed=PROBE_SEED), replies=[],
                          results={})
-        if n not in entry["results"]:
-            entry["results"][n] = self._measure(active, entry, n)
-        return dict(entry["results"][n])
+        if (n, general) not in entry["results"]:
+            entry["results"][n, general] = self._measure(active, entry, n, general)
+        return dict(entry["results"][n, general])
 
-    def _measure(self, active, entry: dict, n: int) -> dict:
+    def _measure(self, active, entry: dict, n: int, general: bool) -> dict:
         from reinf.bench.probe import (load_policy, measure_policy, sample_probe, spearman,
                                        subset_perplexity)
 
@@ -548,7 +554,8 @@ class Probe:
         episodes = [(r.prompt_ids, r.reply_ids, r.logprobs, r.gen_params["temperature"], 0.0,
                      1.0) for r, _, _ in probe if r.reply_ids]
         m = measure_policy(policy, episodes, self.shared["heldout"], adapter=active is not None,
-                           batch_size=self.ctx.config.ppo.batch_size * 2)
+                           batch_size=self.ctx.config.ppo.batch_size * 2,
+                           general=self.shared["general"] if general else None)
         self.measure_seconds += time.perf_counter() - measured
         shared = self.shared
         return {"probe_mean_rating": statistics.fmean(s for _, s, _ in probe),
@@ -556,6 +563,7 @@ class Probe:
                 # the highest mean any model could get on these prompts (the rater's best)
                 "probe_best": statistics.fmean(judge.best_score(r.prompt) for r, _, _ in probe),
                 "kl": m["kl"], "perplexity": m["perplexity"], "probe": len(probe),
+                "perplexity_general": m.get("perplexity_general"),
                 "perplexity_preferred": subset_perplexity(
                     m["heldout_nll"], m["heldout_tokens"], shared["heldout_preferred"]),
                 "active_checkpoint": active.id if active else None,

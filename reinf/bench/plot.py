@@ -150,6 +150,8 @@ def format_table(report: dict) -> str:
         ("  change", lambda s: _agg(s["perplexity_change"], "+.1%")),
         ("final ppl, preferred style", lambda s: _agg(s["final_perplexity_preferred"], ".3f")),
         ("  change", lambda s: _agg(s["perplexity_preferred_change"], "+.1%")),
+        ("final ppl, general text", lambda s: _agg(s.get("final_perplexity_general"), ".3f")),
+        ("  change", lambda s: _agg(s.get("perplexity_general_change"), "+.1%")),
         ("rating model Spearman, last", lambda s: _agg(s["rating_model_consistency_last"],
                                                         ".2f")),
         (f"probe falls >= {PROBE_FALL} a round", lambda s: _agg(s.get("probe_falls"), ".3g")),
@@ -252,6 +254,7 @@ def _goal_lines(g: dict) -> list[str]:
     def box(goal: dict) -> str:
         return "[x]" if goal["met"] else "[ ]"
     rise, share, ppl = g["rise_by_48"], g["share_by_96"], g["perplexity_preferred"]
+    general = g.get("perplexity_general")   # None in reports older than the figure
     fewer, rm = g["fewer_ratings_than_baselines"], g["rating_model_after_48"]
     others = [f"{m}{' (best KTO)' if m == fewer.get('kto_best') and m != 'kto' else ''} "
               f"{_num(v['mean'], '.0f', 'not held in every seed')}"
@@ -266,8 +269,11 @@ def _goal_lines(g: dict) -> list[str]:
            if rise.get("possible") is not None and rise["possible"] < GOAL_RISE else ""),
         f"  {box(share)} preferred share >= 90% by 96 ratings: base {share['base_share']:.0%}, "
         f"after 96 {_agg(share['share_at_96'], '.0%')}",
-        f"  {box(ppl)} held-out perplexity on preferred-style replies +5% at most: "
-        f"{_agg(ppl['change'], '+.1%')} (overall {_agg(ppl['overall_change'], '+.1%')})",
+        *([f"  {box(general)} perplexity on held-out general text +5% at most: "
+           f"{_agg(general['change'], '+.1%')}"] if general else []),
+        f"  {box(ppl)} held-out perplexity on the demo corpus's preferred-style replies +5% at "
+        f"most: {_agg(ppl['change'], '+.1%')} (all its replies "
+        f"{_agg(ppl['overall_change'], '+.1%')})",
         f"  {box(fewer)} fewer ratings to the held target than every baseline: reinf "
         f"{_num(fewer['reinf'], '.0f', 'not held in every seed')}; " + ", ".join(others),
         f"  {box(rm)} rating model Spearman >= 0.8 at the first round after 48 ratings: "

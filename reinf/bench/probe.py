@@ -11,7 +11,14 @@ base (``load_policy``) and measures, with no gradient:
   trainer's own ``kl`` figure (``reinf.training.ppo.measure_kl``), on replies it never saw;
 - **perplexity** on the held-out slice of the demo corpus (``split_corpus``: prompts the
   demo model was never trained on), on the assistant tokens only, at temperature 1: the
-  same figure the demo build reports (``heldout_perplexity``);
+  same figure the demo build reports (``heldout_perplexity``). Those replies are the demo
+  corpus's own styles (lists, "Happy to help!", a question back), so on a real model the
+  figure falls where the person likes one of them and rises where they like another;
+- **general-text perplexity** (``load_general_text``) on ``reinf/bench/data/general_text.jsonl``,
+  64 passages written for this project in eight kinds (reference prose, news, fiction,
+  letters, instructions, essays, dialogue, technical prose), read as plain text with no
+  chat template: whether learning a person's style cost the model its language, the
+  figure the goal reads ("held-out general text, not the person's style");
 - **predicted reward**: the value head at the last reply token, i.e. the hidden state that
   has read the whole reply and predicts its final token. With gamma = 1 and a small KL
   penalty, V there is the critic's estimate of the reply's reward; the value at the first
@@ -21,7 +28,9 @@ base (``load_policy``) and measures, with no gradient:
 from __future__ import annotations
 
 import copy
+import json
 import math
+from importlib import resources
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -38,6 +47,7 @@ from reinf.training.ppo import (Policy, ValueHead, build_rollout, evaluate, meas
 from reinf.training.rating_model import rank, spearman  # noqa: F401 (re-exported)
 
 HELDOUT_ITEMS = 200
+GENERAL_TEXT = ("data", "general_text.jsonl")   # under reinf/bench
 
 
 @dataclass
@@ -64,6 +74,33 @@ def load_heldout(tokenizer, n: int = HELDOUT_ITEMS, seed: int = 0) -> Heldout:
         prompts.append(item["prompt"])
         replies.append(item["reply"])
     return Heldout(episodes, prompts, replies)
+
+
+@dataclass
+class GeneralText:
+    """General-text passages as PPO-style episodes: a passage's first token is the prompt
+    and the rest the reply, so every later token is scored (temperature 1)."""
+    episodes: list[tuple]
+    kinds: list[str]
+
+
+def load_general_text(tokenizer) -> GeneralText:
+    """The general-text passages, tokenized as plain text with no special token: models
+    disagree on what starts a document (SmolLM2's BOS is its chat turn's start), and
+    scoring from the second token on needs none. The figure is a change against the same
+    model's base, never an absolute."""
+    text = resources.files("reinf.bench").joinpath(*GENERAL_TEXT).read_text(encoding="utf-8")
+    episodes, kinds = [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        ids = list(tokenizer(item["text"], add_special_tokens=False)["input_ids"])
+        if len(ids) < 2:
+            continue
+        episodes.append((ids[:1], ids[1:], [0.0] * (len(ids) - 1), 1.0, 0.0, 1.0))
+        kinds.append(item["kind"])
+    return GeneralText(episodes, kinds)
 
 
 def reply_tokens(tokenizer, prompt: str, reply: str) -> tuple[list[int], list[int]] | None:
@@ -103,10 +140,11 @@ def load_policy(config, checkpoint_path: str | Path | None, *, cache: dict | Non
 
 
 def measure_policy(policy, probe: Sequence[tuple], heldout: Heldout, *, adapter: bool,
-                   batch_size: int = 16) -> dict:
+                   batch_size: int = 16, general: GeneralText | None = None) -> dict:
     """KL per token on ``probe`` episodes, held-out perplexity (and each held-out reply's
-    NLL and token count, for perplexity on a subset), and the predicted reward of every
-    probe reply and held-out reply (value at the last reply token)."""
+    NLL and token count, for perplexity on a subset), the predicted reward of every
+    probe reply and held-out reply (value at the last reply token), and with ``general``
+    the general-text perplexity (``perplexity_general``)."""
     device = next(policy.model.parameters()).device
     out: dict = {}
     with torch.no_grad():
@@ -123,6 +161,10 @@ def measure_policy(policy, probe: Sequence[tuple], heldout: Heldout, *, adapter:
         out["heldout_nll"] = [float(x) for x in -(logp * b.mask).sum(1)]      # (B,) per reply
         out["heldout_tokens"] = [int(x) for x in b.mask.sum(1)]
         out["heldout_values"] = last_values(values, b.mask)
+        if general is not None and general.episodes:
+            b = build_rollout(general.episodes, device)
+            logp, _ = evaluate(policy, b, batch_size)
+            out["perplexity_general"] = math.exp(-float((logp * b.mask).sum() / b.mask.sum()))
     return out
 
 

@@ -139,7 +139,8 @@ def learn(ctx, rater, prompts_file, probe_file, ratings, train_after, seed, seed
     held-out prompts (never training prompts of the run): the rater's mean and preferred
     share there give the ratings to reach --target (first, and held to the end). Also
     reports the live windows, KL to the base, perplexity on the demo corpus's held-out
-    slice, the rating model's Spearman and each round's mode. Progress goes to stderr.
+    slice, perplexity on general text (64 built-in passages, at the base and the end), the
+    rating model's Spearman and each round's mode. Progress goes to stderr.
     --merge pools the reports of runs that split one comparison into one.
     """
     from reinf.bench.learn import format_prompts

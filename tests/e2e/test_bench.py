@@ -114,7 +114,11 @@ def test_learn_runs_every_method_on_each_seed(invoke, tmp_path):
         assert methods["kto"]["settings"]["learning_rate"] == 5e-6
         assert methods["kto"]["settings"]["effective_batch"] >= 16
     assert set(report["goals"]) == {"rise_by_48", "share_by_96", "perplexity_preferred",
-                                    "fewer_ratings_than_baselines", "rating_model_after_48"}
+                                    "perplexity_general", "fewer_ratings_than_baselines",
+                                    "rating_model_after_48"}
+    # general-text perplexity is measured on the base and on each run's final policy
+    assert report["base"]["perplexity_general"] > 1
+    assert all(r["final"]["perplexity_general"] > 1 for r in methods["reinf"]["seeds"])
     assert not report["goals"]["rise_by_48"]["met"]      # 16 ratings cannot show 48
     assert report["plot"] == str(plot) and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from reinf.bench.plot import format_table

@@ -63,7 +63,8 @@ def test_mean_curve_aligns_rounds_and_counts_modes():
 
 
 def fake_run(seed: int, curve: list[float], *, k: int = 16, ppl_pref: float = 1.5,
-             consistency: float | None = 0.9, mode: str | None = "rollouts") -> dict:
+             ppl_general: float | None = 20.0, consistency: float | None = 0.9,
+             mode: str | None = "rollouts") -> dict:
     """A per-seed run as run_method returns it, with a probe mean per round."""
     points = [{"ratings": i * k, "seconds": float(i), "probe_mean_rating": v,
                "probe_preferred_share": (v - 1) / 4, "kl": 0.01 * i, "perplexity": 1.3,
@@ -78,6 +79,8 @@ def fake_run(seed: int, curve: list[float], *, k: int = 16, ppl_pref: float = 1.
     held = curve_to_target(target, 4.0, held=True)
     final = {key: points[-1][key] for key in ("probe_mean_rating", "probe_preferred_share", "kl",
                                               "perplexity", "perplexity_preferred")}
+    if ppl_general is not None:   # measured at the base and the end only (None: an old report)
+        final["perplexity_general"] = ppl_general
     return {"seed": seed, "curve": points, "windows": points, "final": final, "rounds": rounds,
             "modes": {mode: len(rounds)} if mode else None,
             "ratings_to_target": curve_to_target(target, 4.0), "seconds_to_target": None,
@@ -88,7 +91,7 @@ def fake_run(seed: int, curve: list[float], *, k: int = 16, ppl_pref: float = 1.
 
 
 BASE = {"probe_mean_rating": 2.0, "probe_preferred_share": 0.25, "kl": 0.0, "perplexity": 1.3,
-        "perplexity_preferred": 1.5}
+        "perplexity_preferred": 1.5, "perplexity_general": 20.0}
 
 
 def fake_report(methods: dict[str, list[dict]], ratings: int = 96) -> dict:
@@ -143,6 +146,8 @@ def test_goals_read_the_means_over_seeds():
     assert g["share_by_96"]["met"]
     assert g["perplexity_preferred"]["change"]["mean"] == pytest.approx(0.0)
     assert g["perplexity_preferred"]["met"]
+    assert g["perplexity_general"]["change"]["mean"] == pytest.approx(0.0)
+    assert g["perplexity_general"]["met"] and g["perplexity_general"]["base"] == 20.0
     # reinf held from 32 in both seeds; rated held from 64 in one seed, never in the other:
     # its lower bound (64 + 97) / 2 is above 32.
     fewer = g["fewer_ratings_than_baselines"]
@@ -153,16 +158,31 @@ def test_goals_read_the_means_over_seeds():
 
 
 def test_goals_fail_where_the_run_falls_short():
-    weak = [fake_run(0, [2.0, 2.5, 2.5], k=16, ppl_pref=1.6, consistency=0.5)]
+    weak = [fake_run(0, [2.0, 2.5, 2.5], k=16, ppl_pref=1.6, ppl_general=21.2, consistency=0.5)]
     g = fake_report({"reinf": weak, "sft": [fake_run(0, [2.0, 2.5, 4.5], mode=None)]},
                     ratings=32)["goals"]
     assert not g["rise_by_48"]["met"] and g["rise_by_48"]["rise"] is None   # 32 < 48 ratings
     assert not g["share_by_96"]["met"]
     assert g["perplexity_preferred"]["change"]["mean"] == pytest.approx(1.6 / 1.5 - 1)
     assert not g["perplexity_preferred"]["met"]                             # +6.7% > +5%
+    assert g["perplexity_general"]["change"]["mean"] == pytest.approx(21.2 / 20 - 1)
+    assert not g["perplexity_general"]["met"]                               # +6% > +5%
+    text = format_table(fake_report({"reinf": weak}, ratings=32))
+    assert "[ ] perplexity on held-out general text +5% at most: +6.0%" in text
     assert not g["fewer_ratings_than_baselines"]["met"]                     # never held
     assert g["rating_model_after_48"]["spearman"]["n"] == 0                 # no round at 48
     assert not g["rating_model_after_48"]["met"]
+
+
+def test_a_report_from_before_the_general_text_figure_still_reads():
+    """Reports written before general-text perplexity was measured have no such figure:
+    the summary and the goal say so (no mean, not met) instead of failing."""
+    old = [fake_run(0, [2.0, 3.5, 4.5, 4.6], ppl_general=None)]
+    report = fake_report({"reinf": old}, ratings=48)
+    assert report["methods"]["reinf"]["summary"]["perplexity_general_change"]["n"] == 0
+    goal = report["goals"]["perplexity_general"]
+    assert goal["change"]["mean"] is None and not goal["met"]
+    assert "[ ] perplexity on held-out general text +5% at most: -" in format_table(report)
 
 
 def test_the_rise_goal_says_when_the_probe_cannot_allow_it():
