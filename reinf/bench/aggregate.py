@@ -81,7 +81,8 @@ def ratings_to_target(scores: list[int], window: int, target: float, *,
 
     ``held=True``: the first n from which that rolling mean stays at or above ``target``
     through the last rating. One lucky window of a 50/50 policy can reach a target once
-    (a window of 20 binary ratings has a standard error of about 0.9 on the mean rating);
+    (a window of 20 binary ratings has a standard error of up to 0.45 on the mean rating,
+    a 95% interval of about ±0.9);
     holding it to the end of the run needs a policy that has really moved."""
     first = min(window, len(scores))
     means = [statistics.fmean(scores[max(0, n - window):n]) for n in range(first, len(scores) + 1)]

@@ -272,6 +272,12 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                          f"preferred {w['preferred_share']:.0%}; ppl {w['perplexity']:.3f} "
                          f"(preferred style {w['perplexity_preferred'] or 0:.3f}), {loop:.0f} s")
         final = probe.measure(max(plan.probe, plan.final_probe), general=True)
+        general, base_general = final.get("perplexity_general"), shared["base"].get(
+            "perplexity_general")
+        progress(f"{tag} final: probe mean {final['probe_mean_rating']:.2f} (base "
+                 f"{shared['base']['probe_mean_rating']:.2f}, {final['probe']} replies)"
+                 + (f"; general-text perplexity {general:.2f} ({general / base_general - 1:+.1%})"
+                    if general and base_general else ""))
         if keep_served:
             shared.setdefault("served_rating_models", {})[seed] = served
         points = [(p["ratings"], p["probe_mean_rating"]) for p in curve]
