@@ -99,30 +99,38 @@ def sample(out: Path) -> None:
                            for s in styles]
         asked += [(i, None)] + [(i, s) for s in styles]
     started = time.time()
-    replies = sample_rollouts(model, tokenizer, contexts, 1,
-                              temperature=config.generation.temperature,
-                              top_p=config.generation.top_p, max_new_tokens=max_new, seed=SEED,
-                              batch_size=STYLED + 1,
-                              progress=lambda d, n: print(f"sampled {d}/{n}", flush=True))
+    sampled_file = out / "replies.json"   # kept, so a stopped run resumes after sampling
+    if sampled_file.exists():
+        replies = json.loads(sampled_file.read_text())
+    else:
+        replies = [{"index": r.group, "reply_ids": list(r.reply_ids), "text": r.text}
+                   for r in sample_rollouts(
+                       model, tokenizer, contexts, 1,
+                       temperature=config.generation.temperature,
+                       top_p=config.generation.top_p, max_new_tokens=max_new, seed=SEED,
+                       batch_size=STYLED + 1,
+                       progress=lambda d, n: print(f"sampled {d}/{n}", flush=True))]
+        sampled_file.write_text(json.dumps(replies))
     sampled = time.time() - started
     raters = {name: load_rater(name, seed=SEED) for name in TEXT_RATERS}
-    rows = []
+    pool_file = out / "pool.json"         # written as it grows, read back on a resume
+    rows = json.loads(pool_file.read_text()) if pool_file.exists() else []
     with torch.no_grad():
-        for r in replies:
-            group, style = asked[r.group]
-            if not r.reply_ids:
-                continue
+        for r in replies[len(rows):]:
+            group, style = asked[r["index"]]
             variants = [plain[group]] + [with_instruction(plain[group],
                                                           instruction_ids(tokenizer, s), tail)
                                          for s in BUILTIN_STYLES]
-            logp = reply_logprobs(model, variants, r.reply_ids)
+            logp = reply_logprobs(model, variants, r["reply_ids"]) if r["reply_ids"] else None
             rows.append({"group": group, "prompt": texts[group], "asked": style,
-                         "text": r.text, "tokens": len(r.reply_ids),
-                         "llr": {s: logp[k + 1] - logp[0] for k, s in enumerate(BUILTIN_STYLES)},
-                         "ratings": {name: rate(texts[group], r.text)
+                         "text": r["text"], "tokens": len(r["reply_ids"]),
+                         "llr": None if logp is None else
+                         {s: logp[k + 1] - logp[0] for k, s in enumerate(BUILTIN_STYLES)},
+                         "ratings": {name: rate(texts[group], r["text"])
                                      for name, rate in raters.items()}})
             print(f"scored {len(rows)}/{len(replies)}", flush=True)
-    (out / "pool.json").write_text(json.dumps(rows))
+            if len(rows) % 20 == 0 or len(rows) == len(replies):
+                pool_file.write_text(json.dumps(rows))
     print(f"{len(rows)} replies: sampled in {sampled:.0f} s, scored in "
           f"{time.time() - started - sampled:.0f} s")
 
@@ -156,7 +164,7 @@ def judge(out: Path) -> None:
     from reinf.records import StyleRatings
     from reinf.training.styles import PRIOR_RATINGS, style_lifts, top_lifted, usual_rating
 
-    rows = json.loads((out / "pool.json").read_text())
+    rows = [r for r in json.loads((out / "pool.json").read_text()) if r["llr"] is not None]
     groups: dict[int, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["group"], []).append(r)
@@ -195,7 +203,7 @@ def judge(out: Path) -> None:
             for t in (0.2, 0.3, 0.4):
                 picks[f"LLR {t}"] = best if corr[best] >= t else None
             usual = usual_rating(rated)
-            n = len(served) // 4
+            n = max(1, len(served) // 4)
             quarter = {s: [r["ratings"][name] for r in sorted(
                 served, key=lambda r: -r["llr"][s] / r["tokens"])[:n]] for s in styles}
             llr_lift = {s: n / (n + PRIOR_RATINGS) * (statistics.fmean(v) - usual)
