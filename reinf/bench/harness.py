@@ -485,8 +485,8 @@ def give_pair(ctx: Context, rater, prompt: str, seed: int) -> tuple[int, bool, s
 
 def prepare_shared(ctx: Context, plan: LearnPlan, shared: dict) -> None:
     """What every method and seed measures against: held-out corpus items and their ratings,
-    the general-text passages, the probe prompts (the plan's, in their fixed order, repeated to the size needed), and
-    the model's name."""
+    the general-text passages, the probe prompts (the plan's, in their fixed order, repeated
+    to the size needed), and the model's name."""
     from reinf.bench.probe import load_general_text, load_heldout
     from reinf.bench.prompts import repeat_to
     from reinf.bench.raters import load_rater
