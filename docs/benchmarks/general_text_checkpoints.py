@@ -14,35 +14,30 @@ checkpoint for smollm2-135m on one CPU core.
 """
 from __future__ import annotations
 
-import copy
 import sys
-from pathlib import Path
 
 import torch
 
 
 def main(model_dir: str, checkpoints: list[str]) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from reinf.bench.probe import load_general_text, load_heldout, measure_policy
-    from reinf.model.adapters import load_adapter
-    from reinf.training.ppo import Policy, ValueHead
+    from reinf.bench.probe import load_general_text, load_heldout, load_policy, measure_policy
+    from reinf.config import load_config
 
     torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir).float().eval()
+    config = load_config(None, environ={}, overrides={"model_path": model_dir})
+    cache: dict = {}     # the base, loaded once; each policy is a copy with its adapter
+    base = load_policy(config, None, cache=cache)
+    tokenizer = cache["base_model"].tokenizer
     general, heldout = load_general_text(tokenizer), load_heldout(tokenizer, 50)
 
-    def perplexities(model) -> tuple[float, float]:
-        m = measure_policy(Policy(model, ValueHead(model.config.hidden_size)), [], heldout,
-                           adapter=False, batch_size=16, general=general)
+    def perplexities(policy) -> tuple[float, float]:
+        m = measure_policy(policy, [], heldout, adapter=False, batch_size=16, general=general)
         return m["perplexity_general"], m["perplexity"]
 
     base_general, base_corpus = perplexities(base)
     print(f"base: general text {base_general:.3f}, demo corpus {base_corpus:.3f}", flush=True)
     for path in checkpoints:
-        model = load_adapter(copy.deepcopy(base), Path(path), Path(path).name).eval()
-        g, c = perplexities(model)
+        g, c = perplexities(load_policy(config, path, cache=cache))
         print(f"{path}: general text {g:.3f} ({g / base_general - 1:+.1%}), demo corpus "
               f"{c:.3f} ({c / base_corpus - 1:+.1%})", flush=True)
 

@@ -136,21 +136,14 @@ def sample(out: Path) -> None:
 
 
 def reply_logprobs(model, contexts: list[list[int]], reply: list[int]) -> list[float]:
-    """log p(reply | context) for each context, in one right-padded batch."""
-    seqs = [c + reply for c in contexts]
-    width = max(map(len, seqs))
-    ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for j, s in enumerate(seqs):
-        ids[j, :len(s)] = torch.tensor(s)
-        mask[j, :len(s)] = 1
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-    target = torch.tensor(reply)
-    out = []
-    for j, c in enumerate(contexts):
-        rows = logits[j, len(c) - 1:len(c) - 1 + len(reply)].log_softmax(-1)
-        out.append(float(rows.gather(1, target[:, None]).sum()))
-    return out
+    """log p(reply | context) for each context: the trainer's own scoring path
+    (``reinf.training.ppo.evaluate``) on one episode per context, at temperature 1."""
+    from reinf.training.ppo import Policy, ValueHead, build_rollout, evaluate
+
+    policy = Policy(model, ValueHead(model.config.get_text_config().hidden_size))
+    b = build_rollout([(c, reply, [0.0] * len(reply), 1.0, 0.0, 1.0) for c in contexts])
+    logp, _ = evaluate(policy, b, len(contexts), values=False)
+    return [float(row.sum()) for row in logp]
 
 
 def spearman(x: list[float], y: list[float]) -> float:

@@ -163,7 +163,7 @@ def measure_policy(policy, probe: Sequence[tuple], heldout: Heldout, *, adapter:
         out["heldout_values"] = last_values(values, b.mask)
         if general is not None and general.episodes:
             b = build_rollout(general.episodes, device)
-            logp, _ = evaluate(policy, b, batch_size)
+            logp, _ = evaluate(policy, b, batch_size, values=False)
             out["perplexity_general"] = math.exp(-float((logp * b.mask).sum() / b.mask.sum()))
     return out
 
