@@ -197,6 +197,7 @@ def test_compare_refuses_bad_input_in_one_line(server, store, body, status, word
 
 
 def test_compare_on_the_bare_base_says_what_to_do(server, engine, store):
+    store.activate_checkpoint(None)  # as the engine: else the daemon's reconcile swaps back
     engine.request_swap(None, None)
     r = requests.post(server.url + "/api/compare", json={"prompt": "hi"}, timeout=60)
     assert r.status_code == 409 and "train" in r.json()["fix"]
