@@ -161,6 +161,10 @@ class PPOConfig:
                                   "adaptive_kl, the least it is", min=0.0)
     kl_loss_coef: float = setting(0.05, "weight of the KL to the base as a loss term (k3 on the "
                                        "sampled tokens, as in GRPO); 0 = off", min=0.0)
+    anchor_coef: float = setting(0.0, "weight of the anchor: KL(base || policy) on text the "
+                                      "base model wrote itself, a minibatch each optimizer "
+                                      "step, so a style costs less general text; 0 = off",
+                                 min=0.0)
     adaptive_kl: bool = setting(True, "after each PPO pass (once a round unless "
                                       "training.rollout_iterations > 1), raise the KL penalty "
                                       "while KL is above kl_target, lower it back towards "

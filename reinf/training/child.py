@@ -66,9 +66,11 @@ class ProgressBar:
               "load": "loading the model…",
               "rating_model": "fitting the rating model on your ratings…",
               "rollouts": "sampling fresh replies for the rating model to score…",
+              "anchor": "sampling the base model's own text for the anchor (once a model)…",
               "gate": "checking KL and fluency…",
               "vs_base": "comparing the new adapter with the base on your prompts…"}
-    BARS = {"rollouts": ("rollouts", "reply"), "update": ("PPO", "minibatch")}
+    BARS = {"rollouts": ("rollouts", "reply"), "update": ("PPO", "minibatch"),
+            "anchor": ("anchor text", "passage")}
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled

@@ -52,6 +52,12 @@ teach a token the policy gives 0.1% (a list where it never writes one); this ter
 while the KL terms and the gate bound how far the adapter goes (as InstructGPT mixed a
 likelihood term into PPO).
 
+The anchor (``anchor_coef``, reinf.training.anchor): every optimizer step also adds, with
+that weight, the exact KL(base || policy) over the vocabulary at each token of a minibatch
+of passages the base model wrote itself, unconditioned (``anchor_kl``, per token). The
+reply KL terms read only the replies trained on; this reads text that has nothing to do
+with the person's style and keeps the policy's next-token distribution there the base's.
+
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
 - ``approx_kl``: k3 estimate ``(r - 1) - log r``, r = new / old: this round's movement;
@@ -477,6 +483,7 @@ ADVANTAGES = ("gae", "rloo")
 # PPO checks after every step too).
 EARLY_STOPS = ("epoch", "step")
 STOP_WINDOW = 4
+ANCHOR_SEED_OFFSET = 7919  # the anchor's draws: a generator of their own
 
 
 @dataclass
@@ -490,6 +497,7 @@ class Hyper:
     vf_coef: float = 0.5                    # weight of the value loss (gae only)
     ent_coef: float = 0.0                   # weight of the entropy bonus
     kl_loss_coef: float = 0.0               # weight of the KL-to-base term in the loss
+    anchor_coef: float = 0.0                # weight of KL(base || policy) on the anchor text
     dual_clip: float = 3.0                  # bound c > 1 on stale samples' loss; 0 = off
     max_grad_norm: float = 1.0              # gradient-norm clip; 0 = none
     target_kl: float = 0.0                  # stop when approx_kl exceeds it; 0 = never
@@ -634,14 +642,44 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     return loss, stats
 
 
+def anchor_loss(policy: Policy, amb: Rollout) -> Tensor:
+    """Exact KL(base || policy) over the vocabulary at each token of the anchor passages
+    ``amb`` (reinf.training.anchor), their weighted mean per token, with grad through the
+    policy. The whole distribution, not the sampled token's likelihood: on a few hundred
+    passages that would teach the passages themselves (the policy grows surer of them than
+    the base) and move it on all other text."""
+    new = policy.forward(amb, values=False, full=True, entropy=False).scored
+    with torch.no_grad():
+        ref = policy.forward(amb, adapter=False, values=False, full=True, entropy=False).scored
+    return weighted_mean(kl_to_base(new, ref), amb.mask, amb.weights)
+
+
+def kl_to_base(new: Scored, ref: Scored) -> Tensor:
+    """KL(ref || new) at each reply token (B, T) at temperature 1, differentiable in
+    ``new``'s logits; one row's fp32 copy at a time."""
+    rows = []
+    for i in range(new.index.shape[0]):
+        q = torch.log_softmax(ref.logits[i, ref.index[i]].float(), -1)   # (T, V) the base
+        p = torch.log_softmax(new.logits[i, new.index[i]].float(), -1)   # (T, V) the policy
+        rows.append((q.exp() * (q - p)).sum(-1))
+    return torch.stack(rows)
+
+
 Progress = Callable[[dict], None]
 
 
 def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                  kl_ctl: KLController, hp: Hyper, *, seed: int = 0,
-                 progress: Progress | None = None) -> dict:
-    """One PPO round over the prepared batch ``b``; returns CleanRL-named metrics."""
+                 progress: Progress | None = None, anchor: Rollout | None = None) -> dict:
+    """One PPO round over the prepared batch ``b``; returns CleanRL-named metrics.
+
+    ``anchor``: the base model's own passages (reinf.training.anchor); with
+    ``hp.anchor_coef`` > 0 every optimizer step adds that weight times KL(base || policy)
+    on ``hp.batch_size`` of them (``anchor_loss``), drawn by a generator of their own (so
+    the PPO minibatches are the same with or without it)."""
     started = time.perf_counter()
+    anchored = anchor is not None and len(anchor) > 0 and hp.anchor_coef > 0
+    anchor_gen = torch.Generator().manual_seed(seed + ANCHOR_SEED_OFFSET)
     gae = hp.advantage == "gae"
     # 1. Old policy, reference and values, before any update (CleanRL's rollout phase).
     with update_mode(policy.model):
@@ -705,6 +743,13 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                                       "total": total, "loss": float(loss.detach()),
                                       "approx_kl": float(stats["approx_kl"]),
                                       "kl": float(stats["kl"])})
+                    if anchored:
+                        rows = torch.randperm(len(anchor), generator=anchor_gen)[:hp.batch_size]
+                        kl_base = anchor_loss(policy, anchor.select(rows.to(anchor.mask.device)))
+                        if not torch.isfinite(kl_base):
+                            raise NonFiniteLoss(f"the anchor's KL is {float(kl_base)}")
+                        (hp.anchor_coef * kl_base).backward()
+                        log.setdefault("anchor_kl", []).append(float(kl_base.detach()))
                     grad_norm = nn.utils.clip_grad_norm_(params, hp.max_grad_norm or float("inf"))
                     if not torch.isfinite(grad_norm):
                         raise NonFiniteLoss(f"gradient norm is {float(grad_norm)}")
@@ -755,5 +800,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         # start) and the share of demonstration tokens, over the minibatches, still above it
         "imitation_target": target,
         "imitation_active": mean.get("imitation_active"),
+        # the anchor (None: off): KL(base || policy) per token on the base's own passages,
+        # the minibatches' mean over the round (each measured before its step)
+        "anchor_kl": mean.get("anchor_kl"),
         "update_seconds": time.perf_counter() - started,
     }

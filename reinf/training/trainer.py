@@ -136,6 +136,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     # (the daemon's child, every few minutes) stays cheap.
     from reinf.training.leaderboard import choose_start, picks_vs_base
     from reinf.rewards.mapper import compute_rewards
+    from reinf.training.anchor import anchor_episodes
     from reinf.training.ppo import Hyper, build_rollout, train_policy
     from reinf.training.session import build_session, select_episodes
 
@@ -220,6 +221,9 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     rated_styles = (by_style if t.styled_rollouts and (
         t.imitate_styled or (plan.mode == "rollouts" and t.styled_pick == "ratings"))
         else None)
+    # ppo.anchor_coef: the base model's own passages, kept likely at every step
+    anchor = (build_rollout(anchor_episodes(config, session, report=report), device)
+              if hp.anchor_coef > 0 else None)
     passes: list[dict[str, Any]] = []
     for i in range(iterations):
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
@@ -259,7 +263,8 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         step({"stage": "update", "done": 0, "total": hp.ppo_epochs
               * math.ceil(len(b) / hp.batch_size)})
         passes.append({**train_policy(session.policy, session.optimizer, b, session.kl_ctl, hp,
-                                      seed=seed, progress=step if progress else None),
+                                      seed=seed, progress=step if progress else None,
+                                      anchor=anchor),
                        **rollout_metrics})
         # a NaN step, or a KL the gate will reject anyway: more passes cannot save the round
         if passes[-1]["nan"] or passes[-1]["kl"] > config.ppo.kl_max:
