@@ -30,7 +30,7 @@ GOAL_PPL_PREFERRED = 0.05                     # perplexity on preferred-style re
 GOAL_PPL_GENERAL = 0.05                       # perplexity on general text +5% at most
 GOAL_SPEARMAN, GOAL_SPEARMAN_AFTER = 0.8, 48  # rating model's cross-validated Spearman
 POINT_KEYS = ("probe_mean_rating", "probe_preferred_share", "kl", "perplexity",
-              "perplexity_preferred", "rating_model_consistency")
+              "perplexity_preferred", "perplexity_general", "rating_model_consistency")
 # A fall of the probe mean between two points of a run's curve (one round apart) at least
 # this large counts in ``probe_falls``: more than a 32-prompt probe moves between rounds that
 # barely move the policy (a spread of about 0.19 on the real model). It is not all the

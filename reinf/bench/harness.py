@@ -196,7 +196,9 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
         probe = Probe(ctx, plan, shared, progress)
         if "base" not in shared:
             shared["base"] = probe.measure(max(plan.probe, plan.final_probe), general=True)
-            shared["base_curve"] = probe.measure(plan.probe)
+            # the same passages on the same model: the base's general text is measured once
+            shared["base_curve"] = {**probe.measure(plan.probe), "perplexity_general":
+                                    shared["base"].get("perplexity_general")}
             progress(f"base model: probe mean {shared['base_curve']['probe_mean_rating']:.2f}, "
                      f"preferred {shared['base_curve']['probe_preferred_share']:.0%} "
                      f"({plan.probe} replies)")
@@ -251,7 +253,7 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
             if result["status"] != "skipped":
                 rnd = {**summarize_round(result, n), "wall_seconds": time.perf_counter() - t1}
                 ctx.rounds.append(rnd)
-                point = probe.measure(plan.probe)
+                point = probe.measure(plan.probe, general=True)
                 if keep_served:
                     served.append(served_rating_model(ctx, n, served[-1]))
                 curve.append({"ratings": n, "seconds": loop, "status": rnd["status"],
@@ -260,7 +262,8 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                 progress(f"{tag} round after {n}: {rnd['status']}"
                          f"{' (' + rnd['mode'] + ')' if rnd.get('mode') else ''} in "
                          f"{rnd['wall_seconds']:.1f} s; probe mean {point['probe_mean_rating']:.2f}"
-                         f", preferred {point['probe_preferred_share']:.0%}, KL {point['kl']:.4f}")
+                         f", preferred {point['probe_preferred_share']:.0%}, KL {point['kl']:.4f}"
+                         + general_change(point, shared["base"]))
             if n % plan.window == 0 or n == plan.ratings:
                 last = windows[-1]["ratings"]
                 windows.append({"ratings": n, "mean_rating": statistics.fmean(scores[last:]),
@@ -272,12 +275,9 @@ def run_method(method: str, config, plan: LearnPlan, k: int, seed: int, shared: 
                          f"preferred {w['preferred_share']:.0%}; ppl {w['perplexity']:.3f} "
                          f"(preferred style {w['perplexity_preferred'] or 0:.3f}), {loop:.0f} s")
         final = probe.measure(max(plan.probe, plan.final_probe), general=True)
-        general, base_general = final.get("perplexity_general"), shared["base"].get(
-            "perplexity_general")
         progress(f"{tag} final: probe mean {final['probe_mean_rating']:.2f} (base "
                  f"{shared['base']['probe_mean_rating']:.2f}, {final['probe']} replies)"
-                 + (f"; general-text perplexity {general:.2f} ({general / base_general - 1:+.1%})"
-                    if general and base_general else ""))
+                 + general_change(final, shared["base"], label="; general-text perplexity"))
         if keep_served:
             shared.setdefault("served_rating_models", {})[seed] = served
         points = [(p["ratings"], p["probe_mean_rating"]) for p in curve]
@@ -529,13 +529,16 @@ class Probe:
 
     def measure(self, n: int, *, general: bool = False) -> dict:
         """The figures of the active checkpoint on the first ``n`` probe prompts; with
-        ``general`` (the base and the final measure), its general-text perplexity too."""
+        ``general`` (the base, each round and the final measure), its general-text
+        perplexity too (a measure with it answers one without)."""
         active = self.ctx.store.active_checkpoint()
         entry = self.cache.setdefault(active.id if active else None, {})
         if not entry:
             from reinf.bench.raters import load_rater
             entry.update(judge=load_rater(self.plan.rater, seed=PROBE_SEED), replies=[],
                          results={})
+        if not general and (n, True) in entry["results"]:
+            return dict(entry["results"][n, True])
         if (n, general) not in entry["results"]:
             entry["results"][n, general] = self._measure(active, entry, n, general)
         return dict(entry["results"][n, general])
@@ -578,6 +581,15 @@ class Probe:
                 "consistency_heldout": spearman(m["heldout_values"], shared["heldout_scores"])}
 
 
+def general_change(point: dict, base: dict, label: str = ", general text") -> str:
+    """``point``'s general-text perplexity against the base's, for a progress line ("" if
+    either was not measured)."""
+    general, before = point.get("perplexity_general"), base.get("perplexity_general")
+    if not (general and before):
+        return ""
+    return f"{label} {general:.2f} ({general / before - 1:+.1%})"
+
+
 def summarize_round(result: dict, after: int) -> dict:
     m = result.get("metrics") or {}
     keys = ("kl", "approx_kl", "kl_coef", "reward_mean", "samples", "steps", "epochs_run", "loss",
@@ -587,7 +599,7 @@ def summarize_round(result: dict, after: int) -> dict:
             "fluency_change", "staleness", "advantage", "rating_model_pairs",
             "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only",
             "rewrites", "rewrites_imitated", "rated_imitated", "explored_imitated",
-            "imitation_loss",
+            "imitation_loss", "anchor_kl",
             "imitation_target", "imitation_active", "rating_model_rewrites",
             "styled_rollouts", "styled_score_gain", "style_counts", "styled_imitated",
             "style_lifts", "styled_style", "imitated_joined")

@@ -105,14 +105,15 @@ def format_table(report: dict) -> str:
             f"{'; ' if i == 0 else ', '}{k} {v}" for i, (k, v) in enumerate(s.items())))
     head = f"{x:>12} | " + " | ".join(f"{methods[m]['label'][:28]:<28}" for m in names)
     lines += ["", "Probe curve after each round, mean over seeds (min–max): probe mean rating, "
-              "preferred share", head, "-" * len(head)]
+              "preferred share, general-text perplexity", head, "-" * len(head)]
     curves = {m: {p["ratings"]: p for p in methods[m]["curve"]} for m in names}
     for n in sorted({n for c in curves.values() for n in c}):
         cells = []
         for m in names:
             p = curves[m].get(n)
-            cells.append(f"{_agg(p and p['probe_mean_rating'], '.2f'):<22}"
-                         f"{_mean(p and p['probe_preferred_share'], '.0%'):>6}")
+            cells.append(f"{_agg(p and p['probe_mean_rating'], '.2f'):<16}"
+                         f"{_mean(p and p['probe_preferred_share'], '.0%'):>5}"
+                         f"{_mean(p and p.get('perplexity_general'), '.1f'):>7}")
         lines.append(f"{'base' if n == 0 else n:>12} | " + " | ".join(cells))
     cell = "{:>4} {:>4} {:>6} {:>5} {:>5}"
     sub = f"{'':>12} | " + " | ".join(f"{cell.format('mean', 'pref', 'KL', 'ppl', 'pplP'):<28}"

@@ -116,9 +116,13 @@ def test_learn_runs_every_method_on_each_seed(invoke, tmp_path):
     assert set(report["goals"]) == {"rise_by_48", "share_by_96", "perplexity_preferred",
                                     "perplexity_general", "fewer_ratings_than_baselines",
                                     "rating_model_after_48"}
-    # general-text perplexity is measured on the base and on each run's final policy
+    # general-text perplexity is measured on the base, after each round and on each run's
+    # final policy; the curve's first point is the base's own figure
     assert report["base"]["perplexity_general"] > 1
-    assert all(r["final"]["perplexity_general"] > 1 for r in methods["reinf"]["seeds"])
+    for r in methods["reinf"]["seeds"]:
+        assert r["final"]["perplexity_general"] > 1
+        assert r["curve"][0]["perplexity_general"] == report["base"]["perplexity_general"]
+        assert all(p["perplexity_general"] > 1 for p in r["curve"][1:]) and len(r["curve"]) > 1
     assert not report["goals"]["rise_by_48"]["met"]      # 16 ratings cannot show 48
     assert report["plot"] == str(plot) and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from reinf.bench.plot import format_table
