@@ -96,6 +96,38 @@ def test_continuation_restores_state_and_counters(home, model_dir):
     assert store.get_checkpoint(second.checkpoint_id).parent_id == first.checkpoint_id
 
 
+def test_the_anchor_is_sampled_once_per_model_and_read_by_every_round(home, model_dir):
+    import json
+
+    from transformers import AutoTokenizer
+
+    from reinf.training.anchor import ANCHOR_TOKENS, document_start
+
+    off = tk.train_config(home, model_dir)
+    store = Store.open(off)
+    base = tk.load_policy(model_dir)
+    tk.add_rated_turns(store, base, 16, seed=0)
+    assert train_round(off, store).metrics["anchor_kl"] is None  # off: nothing sampled
+    assert not (off.data_dir / "anchor").exists()
+    config = tk.train_config(home, model_dir, anchor_coef=1.0)
+    tk.add_rated_turns(store, base, 16, seed=1)
+    first = train_round(config, store)
+    [kept] = (config.data_dir / "anchor").glob("*.json")
+    data, stamp = json.loads(kept.read_text()), kept.stat().st_mtime_ns
+    assert data["start"] == document_start(AutoTokenizer.from_pretrained(model_dir))
+    assert len(data["texts"]) > 200 and all(
+        2 <= len(t["ids"]) == len(t["logprobs"]) <= ANCHOR_TOKENS for t in data["texts"])
+    # the round starts from round 1's adapter, already off the base on the anchor's text
+    assert first.status == "succeeded" and first.metrics["anchor_kl"] > 0
+    tk.add_rated_turns(store, base, 16, seed=2)
+    assert train_round(config, store).status == "succeeded"
+    assert kept.stat().st_mtime_ns == stamp  # read again, not sampled again
+    kept.write_text("{half a file")  # a damaged file is sampled again: the same passages
+    tk.add_rated_turns(store, base, 16, seed=3)
+    assert train_round(config, store).status == "succeeded"
+    assert json.loads(kept.read_text()) == data
+
+
 def test_two_rounds_of_k_point_where_one_round_of_2k_points(tmp_path, model_dir):
     """Same 2K turns (behaviour log-probs from the base), fed as K + K over two rounds or
     2K in one. Direction = the effective LoRA weight change. Measured cosine on this setup
