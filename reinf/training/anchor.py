@@ -107,8 +107,12 @@ def _read(path: Path) -> list[dict] | None:
 
 
 def _write(path: Path, data: dict) -> None:
-    """Atomically, so a killed round never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomically, so a killed round never leaves half a file; private like the rest of
+    the data directory (reinf.storage.permissions)."""
+    from reinf.storage.permissions import PRIVATE_DIR, open_private
+
+    path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
+    with open_private(tmp) as f:
+        f.write(json.dumps(data))
     os.replace(tmp, path)

@@ -113,6 +113,7 @@ def test_the_anchor_is_sampled_once_per_model_and_read_by_every_round(home, mode
     tk.add_rated_turns(store, base, 16, seed=1)
     first = train_round(config, store)
     [kept] = (config.data_dir / "anchor").glob("*.json")
+    assert kept.stat().st_mode & 0o077 == 0  # private, like the rest of the data directory
     data, stamp = json.loads(kept.read_text()), kept.stat().st_mtime_ns
     assert data["start"] == document_start(AutoTokenizer.from_pretrained(model_dir))
     assert len(data["texts"]) > 200 and all(
