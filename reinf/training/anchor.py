@@ -13,8 +13,8 @@ the exact KL(base || policy) over the vocabulary at each token of ``batch_size``
 passages (reinf.training.ppo.anchor_loss; the round reports it as ``anchor_kl``): the
 policy's next-token distribution on the base's own text is kept the base's, whatever the
 person's style. The whole distribution, not the sampled tokens' likelihood: on a few
-hundred passages that would teach the passages themselves, which on a tiny model moved
-other text further than no anchor at all (tests/e2e/test_ppo_policy.py).
+hundred passages that would teach the passages themselves, which on the tiny test model
+moved other text further than no anchor at all (docs/benchmarks.md, "The anchor").
 
 The passages are the model's own, never the benchmark's general text: the figure that
 measures the drift must stay held out.
