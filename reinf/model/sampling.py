@@ -213,18 +213,20 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   index if keep_logits else None)
 
 
-def kl_per_token(new: Scored, ref: Scored, temperature: torch.Tensor) -> torch.Tensor:
+def kl_per_token(new: Scored, ref: Scored, temperature: torch.Tensor | None = None, *,
+                 grad: bool = False) -> torch.Tensor:
     """Exact KL(new || ref) over the vocabulary at each reply token (B, T), from two
-    ``token_logprobs(..., keep_logits=True)`` results; one row's fp32 copy at a time."""
-    b, t = new.index.shape
-    out = torch.zeros(b, t, device=new.logits.device)
-    with torch.no_grad():
-        for i in range(b):
-            t_i = float(temperature[i])
+    ``token_logprobs(..., keep_logits=True)`` results, both divided by ``temperature`` (B,)
+    (None: 1); one row's fp32 copy at a time. ``grad``: differentiable in both sides' logits
+    (KL(base || policy) as a loss is ``kl_per_token(base, policy, grad=True)``)."""
+    rows = []
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        for i in range(new.index.shape[0]):
+            t_i = 1.0 if temperature is None else float(temperature[i])
             p = torch.log_softmax(new.logits[i, new.index[i]].float() / t_i, -1)  # (T, V)
             q = torch.log_softmax(ref.logits[i, ref.index[i]].float() / t_i, -1)
-            out[i] = (p.exp() * (p - q)).sum(-1)
-    return out
+            rows.append((p.exp() * (p - q)).sum(-1))
+    return torch.stack(rows)
 
 
 class _LogProbAt(torch.autograd.Function):

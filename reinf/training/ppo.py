@@ -651,18 +651,7 @@ def anchor_loss(policy: Policy, amb: Rollout) -> Tensor:
     new = policy.forward(amb, values=False, full=True, entropy=False).scored
     with torch.no_grad():
         ref = policy.forward(amb, adapter=False, values=False, full=True, entropy=False).scored
-    return weighted_mean(kl_to_base(new, ref), amb.mask, amb.weights)
-
-
-def kl_to_base(new: Scored, ref: Scored) -> Tensor:
-    """KL(ref || new) at each reply token (B, T) at temperature 1, differentiable in
-    ``new``'s logits; one row's fp32 copy at a time."""
-    rows = []
-    for i in range(new.index.shape[0]):
-        q = torch.log_softmax(ref.logits[i, ref.index[i]].float(), -1)   # (T, V) the base
-        p = torch.log_softmax(new.logits[i, new.index[i]].float(), -1)   # (T, V) the policy
-        rows.append((q.exp() * (q - p)).sum(-1))
-    return torch.stack(rows)
+    return weighted_mean(kl_per_token(ref, new, grad=True), amb.mask, amb.weights)
 
 
 Progress = Callable[[dict], None]

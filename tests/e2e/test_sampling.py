@@ -104,6 +104,18 @@ def test_kl_per_token_is_the_exact_kl_and_zero_against_itself():
         q = torch.log_softmax(other(input_ids=ids).logits[0, :-1].float() / temperature, -1)
         expected = (p.exp() * (p - q)).sum(-1)[len(prompt) - 1:]
     assert torch.allclose(kl[1], expected, atol=1e-5) and bool((kl[1] > 0).all())
+    assert not kl.requires_grad
+    # as a loss: differentiable, the same figure, and its gradient moves ``other`` towards
+    # ``model`` (KL(model || other) falls after one step on other's parameters)
+    opt = torch.optim.SGD(other.parameters(), lr=0.5)
+    loss_kl = kl_per_token(new, token_logprobs(other, *args, keep_logits=True),
+                           b.temperature, grad=True)
+    assert loss_kl.requires_grad and torch.allclose(loss_kl.detach(), kl, atol=1e-6)
+    (loss_kl * b.mask).sum().backward()
+    opt.step()
+    with torch.no_grad():
+        after = kl_per_token(new, token_logprobs(other, *args, keep_logits=True), b.temperature)
+    assert float((after * b.mask).sum()) < float((kl * b.mask).sum())
 
 
 def test_a_served_adapter_has_no_dropout(tmp_path):
