@@ -32,7 +32,10 @@ which style each rule would imitate:
   style's LLR; the style with the highest, where it reaches a threshold;
 - **LLR lift**: a lift in the product's units: for each style, the mean rating of the
   quarter of the 48 replies that read most like it (highest LLR) less the person's usual,
-  shrunk as ``style_lifts`` shrinks (n / (n + 2)); the highest, where it reaches the margin.
+  shrunk as ``style_lifts`` shrinks (n / (n + 2)); the highest, where it reaches the margin;
+- **veto**: the product's pick at a margin of 0.5, kept only where that style's LLR lift
+  is above 0 (or 0.25): the ratings of the replies asked for in it, and of all the replies
+  that read like it, agree.
 
 A pick is **right** when the style's true lift (the mean rating of all the pool's replies
 asked for in it, less the plain replies' mean) is at least 0.5, **wrong** when it is below.
@@ -164,7 +167,7 @@ def judge(out: Path) -> None:
     raters = list(rows[0]["ratings"])
     styles = list(rows[0]["llr"])
     rules = ["lift 0.5", "lift 1.0", "LLR 0.2", "LLR 0.3", "LLR 0.4", "LLRlift 0.5",
-             "LLRlift 1.0"]
+             "LLRlift 1.0", "veto 0", "veto 0.25"]
     print(f"{len(rows)} replies to {len(groups)} prompts, {DRAWS} draws of {RATINGS}; right: "
           f"a style whose true lift is at least {RIGHT}\n")
     print(f"{'rater':>17} {'liked (true lift)':<44} "
@@ -203,6 +206,10 @@ def judge(out: Path) -> None:
                         for s, v in quarter.items()}
             for m in (0.5, 1.0):
                 picks[f"LLRlift {m}"] = top_lifted(llr_lift, m)
+            lifted = picks["lift 0.5"]
+            for v in (0, 0.25):     # the product's pick, kept only where the LLR lift agrees
+                picks[f"veto {v}"] = lifted if lifted is not None and llr_lift[lifted] > v \
+                    else None
             for rule, pick in picks.items():
                 if pick is not None:
                     counts[rule][0 if lift.get(pick, 0.0) >= RIGHT else 1] += 1
