@@ -20,8 +20,8 @@ Two stages, each its own process, so the slow one runs once:
 ``sample`` draws STUDY_PROMPTS (64) training-side prompts of the built-in set (never the
 probe), and for each one plain reply and STUDY_STYLED (3) replies asked for in a style (the
 16 built-in styles, repeated and shuffled: 9 to 13 times each at the defaults), at the
-served replies' sampling settings, seed 0; then every reply's LLR for all 16 styles, and every built-in
-text rater's rating of it. ``judge`` simulates people: for each rater, STUDY_DRAWS (1000)
+served replies' sampling settings, seed 0; then every reply's LLR for all 16 styles, and
+every built-in text rater's rating of it. ``judge`` simulates people: for each rater, STUDY_DRAWS (1000)
 draws of 48 of the prompts, each served plain or, half the time, in one of its styles, as
 ``explore_styles`` 0.5 serves them (uniformly here, not by Thompson sampling), and asks
 which style each rule would imitate:
