@@ -21,10 +21,10 @@ Two stages, each its own process, so the slow one runs once:
 probe), and for each one plain reply and STUDY_STYLED (3) replies asked for in a style (the
 16 built-in styles, repeated and shuffled: 9 to 13 times each at the defaults), at the
 served replies' sampling settings, seed 0; then every reply's LLR for all 16 styles, and
-every built-in text rater's rating of it. ``judge`` simulates people: for each rater, STUDY_DRAWS (1000)
-draws of 48 of the prompts, each served plain or, half the time, in one of its styles, as
-``explore_styles`` 0.5 serves them (uniformly here, not by Thompson sampling), and asks
-which style each rule would imitate:
+every built-in text rater's rating of it. ``judge`` simulates people: for each rater,
+STUDY_DRAWS (1000) draws of 48 of the prompts, each served plain or, half the time, in one
+of its styles, as ``explore_styles`` 0.5 serves them (uniformly here, not by Thompson
+sampling), and asks which style each rule would imitate:
 
 - **lift** (the product's rule, ``styles.style_lifts`` and ``styles.top_lifted``): the
   styled replies' ratings against the person's usual, at a margin of 0.5 and of 1.0;
