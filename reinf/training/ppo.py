@@ -57,6 +57,8 @@ that weight, the exact KL(base || policy) over the vocabulary at each token of a
 of passages the base model wrote itself, unconditioned (``anchor_kl``, per token). The
 reply KL terms read only the replies trained on; this reads text that has nothing to do
 with the person's style and keeps the policy's next-token distribution there the base's.
+Its gradient is taken apart from the replies' (``anchor_cosine``: their cosine); with
+``anchor_project`` it loses its part against theirs (``project_conflict``).
 
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
