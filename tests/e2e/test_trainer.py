@@ -107,7 +107,8 @@ def test_the_anchor_is_sampled_once_per_model_and_read_by_every_round(home, mode
     store = Store.open(off)
     base = tk.load_policy(model_dir)
     tk.add_rated_turns(store, base, 16, seed=0)
-    assert train_round(off, store).metrics["anchor_kl"] is None  # off: nothing sampled
+    plain = train_round(off, store).metrics
+    assert plain["anchor_kl"] is None and plain["anchor_cosine"] is None  # off: nothing sampled
     assert not (off.data_dir / "anchor").exists()
     config = tk.train_config(home, model_dir, anchor_coef=1.0)
     tk.add_rated_turns(store, base, 16, seed=1)
@@ -120,6 +121,7 @@ def test_the_anchor_is_sampled_once_per_model_and_read_by_every_round(home, mode
         2 <= len(t["ids"]) == len(t["logprobs"]) <= ANCHOR_TOKENS for t in data["texts"])
     # the round starts from round 1's adapter, already off the base on the anchor's text
     assert first.status == "succeeded" and first.metrics["anchor_kl"] > 0
+    assert -1.0 <= first.metrics["anchor_cosine"] <= 1.0  # the two gradients, measured
     tk.add_rated_turns(store, base, 16, seed=2)
     assert train_round(config, store).status == "succeeded"
     assert kept.stat().st_mtime_ns == stamp  # read again, not sampled again
