@@ -665,6 +665,11 @@ def project_conflict(pull: list[Tensor], step: list[Tensor], *, project: bool = 
     return [a - (dot / step_sq) * b for a, b in zip(pull, step)], cosine
 
 
+def norm(grads: list[Tensor]) -> float:
+    """The 2-norm of a gradient given as one tensor a parameter."""
+    return math.sqrt(sum(float((g * g).sum()) for g in grads))
+
+
 def anchor_loss(policy: Policy, amb: Rollout) -> Tensor:
     """Exact KL(base || policy) over the vocabulary at each token of the anchor passages
     ``amb`` (reinf.training.anchor), their weighted mean per token, with grad through the
@@ -725,7 +730,7 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     total = hp.ppo_epochs * n_mb
     acc = hp.gradient_accumulation_steps
     step_groups = [range(s, min(s + acc, n_mb)) for s in range(0, n_mb, acc)]
-    log: dict[str, list[float]] = {k: [] for k in (*DIAGNOSTICS, "grad_norm")}
+    log: dict[str, list[float]] = {k: [] for k in (*DIAGNOSTICS, "grad_norm", "clipped")}
     steps, epochs_run, early_stopped, nan = 0, 0, False, False
     recent: deque[float] = deque(maxlen=STOP_WINDOW)  # the step rule's latest approx_kl
     nan_reason = None
@@ -776,12 +781,16 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                                                         project=hp.anchor_project)
                         for p, g_anchor, g_step in zip(adapter, pull, step):
                             p.grad = g_anchor + g_step
+                        log.setdefault("reply_grad_norm", []).append(norm(step))
+                        log.setdefault("anchor_grad_norm", []).append(norm(pull))
                         log.setdefault("anchor_kl", []).append(float(kl_base.detach()))
                         log.setdefault("anchor_cosine", []).append(cosine)
                     grad_norm = nn.utils.clip_grad_norm_(params, hp.max_grad_norm or float("inf"))
                     if not torch.isfinite(grad_norm):
                         raise NonFiniteLoss(f"gradient norm is {float(grad_norm)}")
                     log["grad_norm"].append(float(grad_norm))
+                    log["clipped"].append(float(bool(hp.max_grad_norm)
+                                                and float(grad_norm) > hp.max_grad_norm))
                     optimizer.step()
                     steps += 1
                     if hp.early_stop == "step" and hp.target_kl \
@@ -818,6 +827,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                                else math.nan),
         "entropy": mean["entropy"], "samples": len(b), "tokens": int(b.mask.sum()),
         "kl_coef": kl_coef_used, "kl_coef_next": kl_ctl.coef, "grad_norm": mean["grad_norm"],
+        # the share of optimizer steps whose gradient max_grad_norm scaled down
+        "clipped": mean["clipped"],
         "epochs_run": epochs_run, "steps": steps, "early_stopped": early_stopped,
         "early_stop_epoch": epochs_run if early_stopped else None,
         "early_stop_step": steps if early_stopped else None, "nan": nan,
@@ -834,5 +845,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         # the cosine of the anchor's gradient and the replies' at each step, before any
         # projection (anchor_project), the round's mean: below 0, the anchor pulls back
         "anchor_cosine": mean.get("anchor_cosine"),
+        # the two gradients' norms apart, the anchor's after any projection (round means)
+        "reply_grad_norm": mean.get("reply_grad_norm"),
+        "anchor_grad_norm": mean.get("anchor_grad_norm"),
         "update_seconds": time.perf_counter() - started,
     }

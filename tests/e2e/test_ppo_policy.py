@@ -278,7 +278,7 @@ def sgd_round(model_dir, episodes, **hyper):
     b = build_rollout(episodes)
     opt = torch.optim.SGD(policy.parameters(), lr=0.5)
     metrics = train_policy(policy, opt, b, KLController(0.05, 0.05),
-                           Hyper(ppo_epochs=1, max_grad_norm=0.0, **hyper))
+                           Hyper(ppo_epochs=1, **{"max_grad_norm": 0.0, **hyper}))
     return metrics, torch.cat([p.detach().flatten() for p in policy.parameters()])
 
 
@@ -291,6 +291,15 @@ def test_gradient_accumulation_matches_one_bigger_minibatch(model_dir):
     assert acc["steps"] == 1 and big["steps"] == 1 and one["steps"] == 2
     assert torch.allclose(p_acc, p_big, atol=1e-6)
     assert not torch.allclose(p_acc, p_one, atol=1e-4)  # two steps are not one
+
+
+def test_the_round_reports_how_often_the_gradient_was_clipped(model_dir):
+    eps = [(PROMPT, [tk.GOOD, 77, 12, 2], [-6.0] * 4, T, 1.0, 1.0),
+           (PROMPT, [tk.BAD, 70, 12, 2], [-6.0] * 4, T, -1.0, 1.0)]
+    free, _ = sgd_round(model_dir, eps, batch_size=1)  # max_grad_norm 0: never
+    assert free["clipped"] == 0.0 and free["grad_norm"] > 1e-3
+    tight, _ = sgd_round(model_dir, eps, batch_size=1, max_grad_norm=free["grad_norm"] / 100)
+    assert tight["clipped"] == 1.0
 
 
 def test_sample_weights_scale_the_losses(model_dir):

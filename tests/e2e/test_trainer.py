@@ -121,7 +121,9 @@ def test_the_anchor_is_sampled_once_per_model_and_read_by_every_round(home, mode
         2 <= len(t["ids"]) == len(t["logprobs"]) <= ANCHOR_TOKENS for t in data["texts"])
     # the round starts from round 1's adapter, already off the base on the anchor's text
     assert first.status == "succeeded" and first.metrics["anchor_kl"] > 0
-    assert -1.0 <= first.metrics["anchor_cosine"] <= 1.0  # the two gradients, measured
+    m = first.metrics  # the two gradients, measured apart
+    assert -1.0 <= m["anchor_cosine"] <= 1.0 and m["anchor_grad_norm"] > 0
+    assert m["reply_grad_norm"] > 0 and 0.0 <= m["clipped"] <= 1.0
     tk.add_rated_turns(store, base, 16, seed=2)
     assert train_round(config, store).status == "succeeded"
     assert kept.stat().st_mtime_ns == stamp  # read again, not sampled again
