@@ -165,10 +165,6 @@ class PPOConfig:
                                       "base model wrote itself, a minibatch each optimizer "
                                       "step, so a style costs less general text; 0 = off",
                                  min=0.0)
-    anchor_project: bool = setting(False, "drop the part of the anchor's gradient that points "
-                                          "against the replies' at each step (PCGrad), so "
-                                          "the anchor never pulls straight back against the "
-                                          "person's style")
     adaptive_kl: bool = setting(True, "after each PPO pass (once a round unless "
                                       "training.rollout_iterations > 1), raise the KL penalty "
                                       "while KL is above kl_target, lower it back towards "

@@ -57,8 +57,8 @@ that weight, the exact KL(base || policy) over the vocabulary at each token of a
 of passages the base model wrote itself, unconditioned (``anchor_kl``, per token). The
 reply KL terms read only the replies trained on; this reads text that has nothing to do
 with the person's style and keeps the policy's next-token distribution there the base's.
-Its gradient is taken apart from the replies' (``anchor_cosine``: their cosine); with
-``anchor_project`` it loses its part against theirs (``project_conflict``).
+Its gradient is taken apart from the replies' (``anchor_cosine``: their cosine, about 0
+on the real model: the two do not pull against each other).
 
 Diagnostics, each named by the policy it is measured against (weighted means over real
 reply tokens; per-minibatch figures are averaged over the round):
@@ -500,8 +500,6 @@ class Hyper:
     ent_coef: float = 0.0                   # weight of the entropy bonus
     kl_loss_coef: float = 0.0               # weight of the KL-to-base term in the loss
     anchor_coef: float = 0.0                # weight of KL(base || policy) on the anchor text
-    anchor_project: bool = False            # drop the anchor gradient's part against the
-                                            # replies' (project_conflict)
     dual_clip: float = 3.0                  # bound c > 1 on stale samples' loss; 0 = off
     max_grad_norm: float = 1.0              # gradient-norm clip; 0 = none
     target_kl: float = 0.0                  # stop when approx_kl exceeds it; 0 = never
@@ -646,23 +644,11 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     return loss, stats
 
 
-def project_conflict(pull: list[Tensor], step: list[Tensor], *, project: bool = True
-                     ) -> tuple[list[Tensor], float]:
-    """``pull`` less its component along ``step`` where the two point against each other
-    (a negative dot product; PCGrad's rule for two losses), and their cosine before. Used
-    on the anchor's gradient (``pull``) against the replies' (``step``): the anchor may
-    still move the policy anywhere else, but never straight back against the person's
-    style. Unchanged where they agree, where either is zero, or with ``project`` False
-    (the cosine alone)."""
-    dot = sum(float((a * b).sum()) for a, b in zip(pull, step))
-    pull_sq = sum(float((a * a).sum()) for a in pull)
-    step_sq = sum(float((b * b).sum()) for b in step)
-    if pull_sq == 0.0 or step_sq == 0.0:
-        return pull, 0.0
-    cosine = dot / math.sqrt(pull_sq * step_sq)
-    if dot >= 0.0 or not project:
-        return pull, cosine
-    return [a - (dot / step_sq) * b for a, b in zip(pull, step)], cosine
+def cosine(a: list[Tensor], b: list[Tensor]) -> float:
+    """The cosine of two gradients given as one tensor a parameter (0 if either is zero)."""
+    dot = sum(float((x * y).sum()) for x, y in zip(a, b))
+    scale = norm(a) * norm(b)
+    return dot / scale if scale else 0.0
 
 
 def norm(grads: list[Tensor]) -> float:
@@ -694,9 +680,8 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
     ``hp.anchor_coef`` > 0 every optimizer step adds that weight times KL(base || policy)
     on ``hp.batch_size`` of them (``anchor_loss``), drawn by a generator of their own (so
     the PPO minibatches are the same with or without it). The two gradients are taken
-    apart, so every round reports their cosine (``anchor_cosine``); with
-    ``hp.anchor_project`` the anchor's loses its part against the replies'
-    (``project_conflict``) before they are added and clipped together."""
+    apart before they are added and clipped together, so every round reports their
+    cosine and norms (``anchor_cosine``, ``reply_grad_norm``, ``anchor_grad_norm``)."""
     started = time.perf_counter()
     anchored = anchor is not None and len(anchor) > 0 and hp.anchor_coef > 0
     anchor_gen = torch.Generator().manual_seed(seed + ANCHOR_SEED_OFFSET)
@@ -777,14 +762,12 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                         (hp.anchor_coef * kl_base).backward()
                         pull = [p.grad if p.grad is not None else torch.zeros_like(p)
                                 for p in adapter]
-                        pull, cosine = project_conflict(pull, step,
-                                                        project=hp.anchor_project)
                         for p, g_anchor, g_step in zip(adapter, pull, step):
                             p.grad = g_anchor + g_step
                         log.setdefault("reply_grad_norm", []).append(norm(step))
                         log.setdefault("anchor_grad_norm", []).append(norm(pull))
                         log.setdefault("anchor_kl", []).append(float(kl_base.detach()))
-                        log.setdefault("anchor_cosine", []).append(cosine)
+                        log.setdefault("anchor_cosine", []).append(cosine(pull, step))
                     grad_norm = nn.utils.clip_grad_norm_(params, hp.max_grad_norm or float("inf"))
                     if not torch.isfinite(grad_norm):
                         raise NonFiniteLoss(f"gradient norm is {float(grad_norm)}")
@@ -842,10 +825,10 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
         # the anchor (None: off): KL(base || policy) per token on the base's own passages,
         # the minibatches' mean over the round (each measured before its step)
         "anchor_kl": mean.get("anchor_kl"),
-        # the cosine of the anchor's gradient and the replies' at each step, before any
-        # projection (anchor_project), the round's mean: below 0, the anchor pulls back
+        # the cosine of the anchor's gradient and the replies' at each step, the round's
+        # mean: below 0, the anchor pulls back against what the replies teach
         "anchor_cosine": mean.get("anchor_cosine"),
-        # the two gradients' norms apart, the anchor's after any projection (round means)
+        # the two gradients' norms apart (round means)
         "reply_grad_norm": mean.get("reply_grad_norm"),
         "anchor_grad_norm": mean.get("anchor_grad_norm"),
         "update_seconds": time.perf_counter() - started,

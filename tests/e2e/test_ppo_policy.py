@@ -416,8 +416,7 @@ def test_the_anchor_pulls_the_policy_back_to_the_base_on_text_it_never_read(mode
     """A drifted adapter (random LoRA weights), a round with nothing to learn from its
     replies (equal rewards: every advantage 0): without the anchor nothing moves; with it,
     KL(base || policy) falls on held-out passages of the base's own text, not only on the
-    half it read. With a reward too, the reward still moves the policy, and further when the
-    anchor's gradient loses its part against the replies' (anchor_project)."""
+    half it read. With a reward too, the reward still moves the policy."""
     from transformers import AutoTokenizer
 
     from reinf.training.anchor import document_start
@@ -443,7 +442,7 @@ def test_the_anchor_pulls_the_policy_back_to_the_base_on_text_it_never_read(mode
         return sum(sum(tk.reply_logprobs(policy.model, p, good, T))
                    - sum(tk.reply_logprobs(policy.model, p, bad, T)) for p in (PROMPT, other))
 
-    def run(coef: float, reward: float, project: bool = False):
+    def run(coef: float, reward: float):
         policy = build_policy(model_dir)  # the same drifted adapter each time
         policy.model.eval()
         before = drift(policy, held), preference(policy)
@@ -453,8 +452,7 @@ def test_the_anchor_pulls_the_policy_back_to_the_base_on_text_it_never_read(mode
         metrics = train_policy(policy, opt, build_rollout(eps, groups=[0, 0, 1, 1]),
                                KLController(0.0, 0.0),
                                Hyper(batch_size=2, ppo_epochs=12, advantage="rloo",
-                                     anchor_coef=coef, anchor_project=project),
-                               anchor=anchor)
+                                     anchor_coef=coef), anchor=anchor)
         policy.model.eval()
         assert not metrics["nan"] and metrics["steps"] == 24
         return before, (drift(policy, held), preference(policy)), drift(policy, anchor), metrics
@@ -465,12 +463,6 @@ def test_the_anchor_pulls_the_policy_back_to_the_base_on_text_it_never_read(mode
     (held0, _), (held_on, _), read_on, on = run(1.0, reward=0.0)
     assert held_on < 0.85 * held0 and read_on < 0.85 * held0, (held0, held_on, read_on)
     assert on["anchor_kl"] > 0  # measured before each step, on the passages it read
-    (_, pref0), (held_r, pref1), _, rewarded = run(1.0, reward=1.0)
+    (_, pref0), (_, pref1), _, rewarded = run(1.0, reward=1.0)
     assert pref1 > pref0 + 0.5 and rewarded["anchor_kl"] > 0
-    # projected (anchor_project): the anchor loses only its part against the replies'
-    (_, pref0), (held_p, pref2), _, projected = run(1.0, reward=1.0, project=True)
-    # removing that part lets the reward move the policy further (here 2.95 -> 3.25 from
-    # 1.08), while the anchor still holds the held-out drift where it was (within 5%)
-    assert pref2 > pref1 + 0.1, (pref0, pref1, pref2)
-    assert held_p < 1.05 * held0, (held0, held_r, held_p)
-    assert -1.0 <= rewarded["anchor_cosine"] <= 1.0 and projected["anchor_cosine"] < 0
+    assert -1.0 <= rewarded["anchor_cosine"] <= 1.0 and rewarded["anchor_grad_norm"] > 0

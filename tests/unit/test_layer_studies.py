@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+pytestmark = pytest.mark.stack  # safetensors and torch: run again on the minimum versions
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -7,8 +7,8 @@ import torch
 
 from reinf.training.ppo import (Hyper, KLController, RunningMoments, Step, ValueHead, approx_kl,
                                 build_rollout, build_token_rewards, compute_gae, compute_rloo,
-                                explained_variance, minibatch_loss, policy_loss,
-                                project_conflict, value_loss, weighted_mean, whiten)
+                                cosine, explained_variance, minibatch_loss, norm,
+                                policy_loss, value_loss, weighted_mean, whiten)
 
 
 def close(actual, expected, tol=1e-5):
@@ -442,21 +442,11 @@ def test_a_well_rated_reply_imitated_still_counts_as_the_policys_own():
     assert own_nll(rated_only, torch.tensor([[-1.0, -3.0]])) == pytest.approx(2.0)
 
 
-def test_the_anchors_pull_loses_only_its_part_against_the_step():
-    step = [torch.tensor([1.0, 0.0]), torch.tensor([0.0])]
-    # against: pull . step = -2, |step|^2 = 1 -> pull - (-2) * step = [0, 3], [4]
-    against = [torch.tensor([-2.0, 3.0]), torch.tensor([4.0])]
-    projected, cosine = project_conflict(against, step)
-    close(projected[0], [0.0, 3.0])
-    close(projected[1], [4.0])
-    assert cosine == pytest.approx(-2 / math.sqrt(4 + 9 + 16))
-    assert sum(float((a * b).sum()) for a, b in zip(projected, step)) == pytest.approx(0.0)
-    # the cosine alone, nothing removed
-    kept, same = project_conflict(against, step, project=False)
-    assert kept is against and same == pytest.approx(cosine)
-    # along the step (dot 2 > 0): unchanged
-    along = [torch.tensor([2.0, 3.0]), torch.tensor([4.0])]
-    assert project_conflict(along, step)[0] is along
-    # a zero step (nothing to learn from the replies): the pull is left whole, cosine 0
-    zero = [torch.zeros(2), torch.zeros(1)]
-    assert project_conflict(against, zero) == (against, 0.0)
+def test_two_gradients_cosine_and_norm_over_all_their_tensors():
+    a = [torch.tensor([3.0, 0.0]), torch.tensor([4.0])]   # norm 5
+    b = [torch.tensor([0.0, 2.0]), torch.tensor([0.0])]   # norm 2, orthogonal to a
+    assert norm(a) == pytest.approx(5.0) and norm(b) == pytest.approx(2.0)
+    assert cosine(a, b) == pytest.approx(0.0)
+    c = [torch.tensor([-3.0, 1.0]), torch.tensor([0.0])]  # a . c = -9, |c| = sqrt(10)
+    assert cosine(a, c) == pytest.approx(-9 / (5 * math.sqrt(10)))
+    assert cosine(a, [torch.zeros(2), torch.zeros(1)]) == 0.0  # nothing to compare with
