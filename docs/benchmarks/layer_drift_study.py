@@ -3,13 +3,14 @@
 
 A learning run keeps its checkpoints. This takes one, and for each set of layers given,
 a copy of its adapter with those layers' LoRA update set to zero (``lora_B`` = 0: the
-layer is the base's again), then measures each copy as `reinf bench learn` measures a
+layer is the base's again), and for each factor given a copy with the whole update scaled
+by it (a shorter or slower run's update, to first order), then measures each copy as `reinf bench learn` measures a
 checkpoint: the general-text perplexity against the base's, and the mean rating of the
 rater over the first N held-out probe prompts, sampled with the bench's probe seeds (so
 reply j of every copy answers the same prompt with the same seed: a paired comparison).
 
     python docs/benchmarks/layer_drift_study.py MODEL RATER CHECKPOINT_DIR \\
-        [--probe 64] [--drop 0-2] [--drop 27-29] ...
+        [--probe 64] [--drop 0-2] [--drop 27-29] [--scale 0.5] ...
 
 One thread; for smollm2-135m about three minutes a copy on one free CPU core (64 probe
 replies and the general text).
@@ -17,6 +18,7 @@ replies and the general text).
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 import tempfile
@@ -31,8 +33,10 @@ def layer_range(text: str) -> list[int]:
     return list(range(int(first), int(last or first) + 1))
 
 
-def without_layers(checkpoint: Path, layers: list[int], into: Path) -> Path:
-    """A copy of ``checkpoint`` whose LoRA update is zero on ``layers``."""
+def without_layers(checkpoint: Path, layers: list[int], into: Path, *,
+                   scale: float = 0.0) -> Path:
+    """A copy of ``checkpoint`` whose LoRA update on ``layers`` is ``scale`` times its own
+    (0: the layer is the base's again)."""
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(checkpoint, into)
@@ -41,7 +45,7 @@ def without_layers(checkpoint: Path, layers: list[int], into: Path) -> Path:
     dropped = 0
     for name, tensor in weights.items():
         if "lora_B" in name and any(f"layers.{n}." in name for n in layers):
-            weights[name] = torch.zeros_like(tensor)
+            weights[name] = tensor * scale
             dropped += 1
     if layers and not dropped:
         raise SystemExit(f"no LoRA weights of layers {layers} in {checkpoint}")
@@ -57,6 +61,8 @@ def main() -> None:
     parser.add_argument("--probe", type=int, default=64)
     parser.add_argument("--drop", action="append", default=[], type=layer_range,
                         help="layers whose update is set to zero, e.g. 0-2 (repeat)")
+    parser.add_argument("--scale", action="append", default=[], type=float,
+                        help="also the whole update scaled by this, e.g. 0.5 (repeat)")
     parser.add_argument("--no-whole", action="store_true",
                         help="skip the whole adapter (measured by an earlier call)")
     args = parser.parse_args()
@@ -91,13 +97,28 @@ def main() -> None:
     print(f"base: probe mean {base_rating:.2f} ({len(prompts)}), general text "
           f"{base_general:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for layers in ([] if args.no_whole else [[]]) + args.drop:
-            label = f"without layers {layers[0]}-{layers[-1]}" if layers else "whole adapter"
-            name = "drop-" + "-".join(map(str, layers)) if layers else "whole"
-            path = without_layers(args.checkpoint, layers, Path(tmp) / name)
+        every = sorted({layer_of(n) for n in load_names(args.checkpoint)} - {None})
+        copies = ([] if args.no_whole else [("whole adapter", "whole", [], 0.0)])
+        copies += [(f"without layers {d[0]}-{d[-1]}", "drop-" + "-".join(map(str, d)), d, 0.0)
+                   for d in args.drop]
+        copies += [(f"the update scaled by {f:g}", f"scale-{f:g}", every, f)
+                   for f in args.scale]
+        for label, name, layers, factor in copies:
+            path = without_layers(args.checkpoint, layers, Path(tmp) / name, scale=factor)
             rating, general_ppl = measure(name, path)
             print(f"{label}: probe mean {rating:.2f} ({rating - base_rating:+.2f}), general "
                   f"text {general_ppl:.2f} ({general_ppl / base_general - 1:+.1%})", flush=True)
+
+
+def layer_of(name: str) -> int | None:
+    match = re.search(r"layers\.(\d+)\.", name)
+    return int(match.group(1)) if match else None
+
+
+def load_names(checkpoint: Path) -> list[str]:
+    from safetensors.torch import load_file
+
+    return list(load_file(str(checkpoint / "adapter_model.safetensors")))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_each_layers_update_and_second_moments(checkpoint):
     assert layers.second_moments(checkpoint) == pytest.approx({0: 12.0, 1: 44.0})
 
 
-def test_dropping_layers_zeroes_only_their_update(checkpoint, tmp_path):
+def test_dropping_or_scaling_layers_changes_only_their_update(checkpoint, tmp_path):
     drift = study("layer_drift_study")
     assert drift.layer_range("0-2") == [0, 1, 2] and drift.layer_range("5") == [5]
     copy = drift.without_layers(checkpoint, [0], tmp_path / "copy")
@@ -67,5 +67,8 @@ def test_dropping_layers_zeroes_only_their_update(checkpoint, tmp_path):
     assert float(weights[name(0, "q", "A")].abs().sum()) == 1.0  # A kept: B = 0 is enough
     assert study("adapter_layers").update_norms(copy) == pytest.approx({0: 0.0, 1: 0.0})
     assert load_file(str(checkpoint / "adapter_model.safetensors"))[name(0, "v", "B")][1, 0] == 4
+    half = drift.without_layers(checkpoint, [0, 1], tmp_path / "half", scale=0.5)
+    assert study("adapter_layers").update_norms(half) == pytest.approx({0: 5.0, 1: 0.0})
+    assert drift.layer_of(name(1, "v", "B")) == 1 and drift.layer_of("lm_head.weight") is None
     with pytest.raises(SystemExit, match="no LoRA weights of layers"):
         drift.without_layers(checkpoint, [7], tmp_path / "none")
