@@ -1,5 +1,5 @@
 """Where in the model a checkpoint's adapter moved, layer by layer (docs/benchmarks.md,
-"Where the drift lives").
+"The anchor's gradient, and where the drift lives").
 
 For each checkpoint directory: the norm of each decoder layer's LoRA update
 (scale x B @ A, summed over the layer's adapted modules), and the sum of the optimizer's

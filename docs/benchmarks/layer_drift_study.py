@@ -1,13 +1,14 @@
 """Which of the adapter's layers carry the general-text drift, and which the person's style
-(docs/benchmarks.md, "Where the drift lives: the adapter's layers").
+(docs/benchmarks.md, "The anchor's gradient, and where the drift lives").
 
 A learning run keeps its checkpoints. This takes one, and for each set of layers given,
 a copy of its adapter with those layers' LoRA update set to zero (``lora_B`` = 0: the
 layer is the base's again), and for each factor given a copy with the whole update scaled
-by it (a shorter or slower run's update, to first order), then measures each copy as `reinf bench learn` measures a
-checkpoint: the general-text perplexity against the base's, and the mean rating of the
-rater over the first N held-out probe prompts, sampled with the bench's probe seeds (so
-reply j of every copy answers the same prompt with the same seed: a paired comparison).
+by it (a shorter or slower run's update, to first order), then measures each copy as
+`reinf bench learn` measures a checkpoint: the general-text perplexity against the
+base's, and the mean rating of the rater over the first N held-out probe prompts, sampled
+with the bench's probe seeds (so reply j of every copy answers the same prompt with the
+same seed: a paired comparison).
 
     python docs/benchmarks/layer_drift_study.py MODEL RATER CHECKPOINT_DIR \\
         [--probe 64] [--drop 0-2] [--drop 27-29] [--scale 0.5] ...
@@ -18,13 +19,13 @@ replies and the general text).
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
 
 import torch
+from adapter_layers import layer_of  # docs/benchmarks, beside this script
 
 
 def layer_range(text: str) -> list[int]:
@@ -42,12 +43,12 @@ def without_layers(checkpoint: Path, layers: list[int], into: Path, *,
     shutil.copytree(checkpoint, into)
     weights_file = into / "adapter_model.safetensors"
     weights = load_file(str(weights_file))
-    dropped = 0
+    changed = 0
     for name, tensor in weights.items():
-        if "lora_B" in name and any(f"layers.{n}." in name for n in layers):
+        if "lora_B" in name and layer_of(name) in layers:
             weights[name] = tensor * scale
-            dropped += 1
-    if layers and not dropped:
+            changed += 1
+    if layers and not changed:
         raise SystemExit(f"no LoRA weights of layers {layers} in {checkpoint}")
     save_file(weights, str(weights_file), metadata={"format": "pt"})
     return into
@@ -110,15 +111,11 @@ def main() -> None:
                   f"text {general_ppl:.2f} ({general_ppl / base_general - 1:+.1%})", flush=True)
 
 
-def layer_of(name: str) -> int | None:
-    match = re.search(r"layers\.(\d+)\.", name)
-    return int(match.group(1)) if match else None
-
-
 def load_names(checkpoint: Path) -> list[str]:
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
-    return list(load_file(str(checkpoint / "adapter_model.safetensors")))
+    with safe_open(str(checkpoint / "adapter_model.safetensors"), framework="pt") as f:
+        return list(f.keys())
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ rewrite a checkpoint's adapter files: on a hand-made checkpoint of two layers, e
 figure they print is worked out here by hand."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def study(name: str):
+    """The script as a module, its directory on sys.path as when it is run."""
+    scripts = str(ROOT / "docs" / "benchmarks")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
     spec = importlib.util.spec_from_file_location(name,
                                                   ROOT / "docs" / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
