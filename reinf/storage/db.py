@@ -4,7 +4,10 @@ SQLite runs with WAL (readers never block the writer), a busy timeout (writers
 queue instead of failing), foreign keys, and secure_delete (forgotten text is
 overwritten, not left in free pages). Write transactions start with
 ``BEGIN IMMEDIATE`` so two processes never deadlock upgrading a read lock to a
-write lock, which is where "database is locked" errors come from.
+write lock, which is where "database is locked" errors come from. Switching a new file
+to WAL is the one step SQLite does not queue (it answers "locked" at once while another
+process holds the file's write lock, as when the server, the trainer and a CLI command
+first open a new database together), so ``enter_wal`` retries it within the busy timeout.
 
 Migrations live in the top-level ``migrations/`` package and are applied with
 Alembic at start-up and by ``reinf db upgrade``. A failure is raised, never
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, inspect
@@ -70,9 +74,9 @@ def create_db_engine(url: str, busy_timeout_ms: int = 15_000) -> Engine:
         # Let us issue BEGIN ourselves (pysqlite's own BEGIN is always DEFERRED).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        if not memory:
-            cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        if not memory:
+            enter_wal(cur, busy_timeout_ms / 1000)
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA secure_delete=ON")
@@ -84,6 +88,26 @@ def create_db_engine(url: str, busy_timeout_ms: int = 15_000) -> Engine:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def enter_wal(cur, wait_s: float) -> None:
+    """``PRAGMA journal_mode=WAL``, tried again for up to ``wait_s`` seconds while another
+    connection holds the write lock: on a file not yet in WAL, SQLite answers SQLITE_BUSY
+    at once instead of calling the busy handler. After ``wait_s`` the error goes up (and
+    ``explain`` turns it into the one-line "locked by another process")."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorname", "").startswith("SQLITE_BUSY") \
+                or "locked" in str(exc).lower()
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def _alembic_config(engine: Engine):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+import time
 
 import pytest
 from sqlalchemy import inspect, text
@@ -67,6 +69,44 @@ def test_sqlite_pragmas_are_on(tmp_path):
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
     store.close()
+
+
+def test_switching_a_new_file_to_wal_waits_for_another_writer(tmp_path):
+    """Another process's write lock on a file not yet in WAL makes SQLite refuse the
+    switch at once (no busy handler), as when three processes first open a new database
+    together: the connection tries again within the busy timeout instead of failing."""
+    path = tmp_path / "a.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    plain = sqlite3.connect(path, isolation_level=None, timeout=5)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # what SQLite itself does
+        plain.execute("PRAGMA journal_mode=WAL")
+    plain.close()
+    release = threading.Timer(0.3, holder.execute, ("COMMIT",))
+    release.start()
+    engine = db.create_db_engine(f"sqlite:///{path}", busy_timeout_ms=5000)
+    try:
+        started = time.monotonic()
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert time.monotonic() - started >= 0.2  # it waited for the holder
+    finally:
+        release.join()
+        engine.dispose()
+        holder.close()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_the_locked_error(tmp_path):
+    path = tmp_path / "a.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(db.LockedDatabase, match="locked by another process"):
+            Store(f"sqlite:///{path}", busy_timeout_ms=300)
+        assert 0.25 <= time.monotonic() - started < 10
+    finally:
+        holder.close()
 
 
 def test_a_corrupt_db_stops_startup_with_a_clear_error(tmp_path):
