@@ -5,7 +5,10 @@ For each checkpoint directory: the norm of each decoder layer's LoRA update
 (scale x B @ A, summed over the layer's adapted modules), and the sum of the optimizer's
 second moments (AdamW's ``exp_avg_sq``, from ``trainer_state.pt``) over that layer's LoRA
 weights: where the gradients the round stepped on were large. Two runs on one seed, one
-with the anchor and one without, show which layers the anchor's gradient lands on.
+with the anchor and one without, show which layers the anchor's gradient lands on. Each
+checkpoint after the first also gets the cosine of its whole update with the first's
+(1: the same direction, however far; 0: unrelated), e.g. a run at half the learning rate
+against the default's on the same seed.
 
     python docs/benchmarks/adapter_layers.py CHECKPOINT_DIR [CHECKPOINT_DIR ...]
 
@@ -45,6 +48,31 @@ def update_norms(checkpoint: Path) -> dict[int, float]:
     return {layer: value ** 0.5 for layer, value in sorted(squares.items())}
 
 
+def lora_pairs(checkpoint: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each adapted module's (scale B, A), by the name of its A weight."""
+    from safetensors.torch import load_file
+
+    config = json.loads((checkpoint / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
+    return {name: (scale * weights[name.replace("lora_A", "lora_B")].float(), a.float())
+            for name, a in weights.items() if "lora_A" in name}
+
+
+def update_cosine(first: Path, other: Path) -> float:
+    """The cosine of two checkpoints' whole updates (every module's B A, as one vector).
+    <B1 A1, B2 A2> = sum((B1^T B2) * (A1 A2^T)), so no full-size matrix is built."""
+    one, two = lora_pairs(first), lora_pairs(other)
+    if one.keys() != two.keys():
+        sys.exit(f"{first} and {other} adapt different modules: no cosine")
+
+    def inner(x, y):
+        return sum(float(((x[n][0].T @ y[n][0]) * (x[n][1] @ y[n][1].T)).sum()) for n in x)
+
+    denominator = (inner(one, one) * inner(two, two)) ** 0.5
+    return inner(one, two) / denominator if denominator else 0.0
+
+
 def second_moments(checkpoint: Path) -> dict[int, float] | None:
     """Each layer's sum of AdamW's exp_avg_sq over its LoRA weights. The optimizer keeps
     them in the order of the trainable parameters, sorted by name (Policy.parameters)."""
@@ -63,10 +91,13 @@ def second_moments(checkpoint: Path) -> dict[int, float] | None:
 
 
 def main(paths: list[str]) -> None:
+    first = Path(paths[0])
     for path in map(Path, paths):
         norms, moments = update_norms(path), second_moments(path)
         total = sum(v * v for v in norms.values()) ** 0.5
-        print(f"{path}: |update| {total:.2f}")
+        against = f", cosine with the first {update_cosine(first, path):.2f}" \
+            if path != first else ""
+        print(f"{path}: |update| {total:.2f}{against}")
         print("  layer " + " ".join(f"{n:>7d}" for n in norms))
         print("  update" + " ".join(f"{v:7.2f}" for v in norms.values()))
         if moments:

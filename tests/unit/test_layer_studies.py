@@ -63,6 +63,26 @@ def test_each_layers_update_and_second_moments(checkpoint):
     assert layers.second_moments(checkpoint) == pytest.approx({0: 12.0, 1: 44.0})
 
 
+def test_the_cosine_of_two_updates(checkpoint, tmp_path):
+    """Against itself 1, against its half 1 (direction, not size); with layer 0's v update
+    dropped, 6 / 10 (the q update is 6 of the norm 10, and v is orthogonal to it); with
+    layer 0's q update's sign flipped, (-36 + 64) / 100."""
+    layers, drift = study("adapter_layers"), study("layer_drift_study")
+    assert layers.update_cosine(checkpoint, checkpoint) == pytest.approx(1.0)
+    half = drift.without_layers(checkpoint, [0, 1], tmp_path / "half", scale=0.5)
+    assert layers.update_cosine(checkpoint, half) == pytest.approx(1.0)
+    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
+    for target, change in (("no-v", {name(0, "v", "B"): torch.zeros(2, 1)}),
+                           ("flip-q", {name(0, "q", "B"): torch.tensor([[-3.0], [0.0]])})):
+        other = tmp_path / target
+        other.mkdir()
+        save_file({**weights, **change}, str(other / "adapter_model.safetensors"))
+        (other / "adapter_config.json").write_text(
+            (checkpoint / "adapter_config.json").read_text())
+        want = 0.6 if target == "no-v" else 0.28
+        assert layers.update_cosine(checkpoint, other) == pytest.approx(want)
+
+
 def test_dropping_or_scaling_layers_changes_only_their_update(checkpoint, tmp_path):
     drift = study("layer_drift_study")
     assert drift.layer_range("0-2") == [0, 1, 2] and drift.layer_range("5") == [5]
