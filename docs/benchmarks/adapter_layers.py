@@ -32,24 +32,14 @@ def layer_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def update_norms(checkpoint: Path) -> dict[int, float]:
-    """Each layer's LoRA update norm, sqrt of the sum over its modules of |scale B A|^2."""
-    from safetensors.torch import load_file
-
-    config = json.loads((checkpoint / "adapter_config.json").read_text())
-    scale = config["lora_alpha"] / config["r"]
-    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
-    squares: dict[int, float] = defaultdict(float)
-    for name, a in weights.items():
-        if "lora_A" not in name or layer_of(name) is None:
-            continue
-        b = weights[name.replace("lora_A", "lora_B")]
-        squares[layer_of(name)] += float((scale * b.float() @ a.float()).norm()) ** 2
-    return {layer: value ** 0.5 for layer, value in sorted(squares.items())}
+Pairs = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
-def lora_pairs(checkpoint: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Each adapted module's (scale B, A), by the name of its A weight."""
+def lora_pairs(checkpoint: Path | Pairs) -> Pairs:
+    """Each adapted module's (scale B, A), by the name of its A weight (already loaded
+    pairs are passed through, so a checkpoint read once serves every figure)."""
+    if isinstance(checkpoint, dict):
+        return checkpoint
     from safetensors.torch import load_file
 
     config = json.loads((checkpoint / "adapter_config.json").read_text())
@@ -59,15 +49,30 @@ def lora_pairs(checkpoint: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]
             for name, a in weights.items() if "lora_A" in name}
 
 
-def update_cosine(first: Path, other: Path) -> float:
-    """The cosine of two checkpoints' whole updates (every module's B A, as one vector).
-    <B1 A1, B2 A2> = sum((B1^T B2) * (A1 A2^T)), so no full-size matrix is built."""
+def module_dot(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor]
+               ) -> float:
+    """<B1 A1, B2 A2> = sum((B1^T B2) * (A1 A2^T)): no full-size matrix is built."""
+    return float(((x[0].T @ y[0]) * (x[1] @ y[1].T)).sum())
+
+
+def update_norms(checkpoint: Path | Pairs) -> dict[int, float]:
+    """Each layer's LoRA update norm, sqrt of the sum over its modules of |scale B A|^2."""
+    pairs = lora_pairs(checkpoint)
+    squares: dict[int, float] = defaultdict(float)
+    for name, pair in pairs.items():
+        if layer_of(name) is not None:
+            squares[layer_of(name)] += module_dot(pair, pair)
+    return {layer: max(value, 0.0) ** 0.5 for layer, value in sorted(squares.items())}
+
+
+def update_cosine(first: Path | Pairs, other: Path | Pairs) -> float:
+    """The cosine of two checkpoints' whole updates (every module's B A, as one vector)."""
     one, two = lora_pairs(first), lora_pairs(other)
     if one.keys() != two.keys():
-        sys.exit(f"{first} and {other} adapt different modules: no cosine")
+        sys.exit("the two checkpoints adapt different modules: no cosine")
 
-    def inner(x, y):
-        return sum(float(((x[n][0].T @ y[n][0]) * (x[n][1] @ y[n][1].T)).sum()) for n in x)
+    def inner(x: Pairs, y: Pairs) -> float:
+        return sum(module_dot(x[n], y[n]) for n in x)
 
     denominator = (inner(one, one) * inner(two, two)) ** 0.5
     return inner(one, two) / denominator if denominator else 0.0
@@ -91,12 +96,14 @@ def second_moments(checkpoint: Path) -> dict[int, float] | None:
 
 
 def main(paths: list[str]) -> None:
-    first = Path(paths[0])
+    first = None
     for path in map(Path, paths):
-        norms, moments = update_norms(path), second_moments(path)
+        pairs = lora_pairs(path)
+        norms, moments = update_norms(pairs), second_moments(path)
         total = sum(v * v for v in norms.values()) ** 0.5
-        against = f", cosine with the first {update_cosine(first, path):.2f}" \
-            if path != first else ""
+        against = f", cosine with the first {update_cosine(first, pairs):.2f}" \
+            if first is not None else ""
+        first = pairs if first is None else first
         print(f"{path}: |update| {total:.2f}{against}")
         print("  layer " + " ".join(f"{n:>7d}" for n in norms))
         print("  update" + " ".join(f"{v:7.2f}" for v in norms.values()))

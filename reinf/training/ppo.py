@@ -644,16 +644,21 @@ def minibatch_loss(policy: Policy, mb: Rollout, mb_advantages: Tensor, mb_logp_o
     return loss, stats
 
 
+def gradient_pair(a: list[Tensor], b: list[Tensor]) -> tuple[float, float, float]:
+    """The 2-norms of two gradients given as one tensor a parameter, and their cosine (0 if
+    either is zero): one pass over the tensors and one read from the device."""
+    aa, bb, ab = torch.stack([torch.stack(((x * x).sum(), (y * y).sum(), (x * y).sum()))
+                              for x, y in zip(a, b)]).double().sum(0).tolist()
+    norm_a, norm_b = math.sqrt(aa), math.sqrt(bb)
+    return norm_a, norm_b, (ab / (norm_a * norm_b) if norm_a * norm_b else 0.0)
+
+
 def cosine(a: list[Tensor], b: list[Tensor]) -> float:
-    """The cosine of two gradients given as one tensor a parameter (0 if either is zero)."""
-    dot = sum(float((x * y).sum()) for x, y in zip(a, b))
-    scale = norm(a) * norm(b)
-    return dot / scale if scale else 0.0
+    return gradient_pair(a, b)[2]
 
 
 def norm(grads: list[Tensor]) -> float:
-    """The 2-norm of a gradient given as one tensor a parameter."""
-    return math.sqrt(sum(float((g * g).sum()) for g in grads))
+    return gradient_pair(grads, grads)[0]
 
 
 def anchor_loss(policy: Policy, amb: Rollout) -> Tensor:
@@ -764,10 +769,11 @@ def train_policy(policy: Policy, optimizer: torch.optim.Optimizer, b: Rollout,
                                 for p in adapter]
                         for p, g_anchor, g_step in zip(adapter, pull, step):
                             p.grad = g_anchor + g_step
-                        log.setdefault("reply_grad_norm", []).append(norm(step))
-                        log.setdefault("anchor_grad_norm", []).append(norm(pull))
+                        anchor_norm, reply_norm, cos = gradient_pair(pull, step)
+                        log.setdefault("reply_grad_norm", []).append(reply_norm)
+                        log.setdefault("anchor_grad_norm", []).append(anchor_norm)
                         log.setdefault("anchor_kl", []).append(float(kl_base.detach()))
-                        log.setdefault("anchor_cosine", []).append(cosine(pull, step))
+                        log.setdefault("anchor_cosine", []).append(cos)
                     grad_norm = nn.utils.clip_grad_norm_(params, hp.max_grad_norm or float("inf"))
                     if not torch.isfinite(grad_norm):
                         raise NonFiniteLoss(f"gradient norm is {float(grad_norm)}")
