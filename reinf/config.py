@@ -289,6 +289,12 @@ class TrainingConfig:
                                        "this many of your newest prompts and the rating model "
                                        "judges them (the win rate vs base); 0 = off",
                                    min=0, max=256)
+    drift_budget: float = setting(0.0, "after each round, the most the adapter may raise "
+                                       "the perplexity of text the base model wrote itself "
+                                       "(0.03 = +3%); above it the whole adapter is scaled "
+                                       "towards the base until it is within; 0 = off "
+                                       "(docs/training.md, \"The drift budget\")",
+                                  min=0.0, max=1.0)
     max_perplexity_increase: float = setting(0.25, "promotion gate: reject a round whose "
                                                    "perplexity on well-rated replies rises "
                                                    "more than this (0.25 = +25%)", min=0.0)

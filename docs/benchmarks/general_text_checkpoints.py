@@ -6,20 +6,27 @@ base and of each run's final policy. This measures it for any checkpoint directo
 kept (a data directory's ``checkpoints/``), so the rounds in between, or runs from before
 the figure existed, can be read too:
 
-    python docs/benchmarks/general_text_checkpoints.py MODEL_DIR CHECKPOINT_DIR ...
+    python docs/benchmarks/general_text_checkpoints.py [--drift ANCHOR_FILE] MODEL_DIR \
+        CHECKPOINT_DIR ...
 
 It prints the base's general-text perplexity and the demo corpus's held-out one (50 items,
-as ``--heldout 50``), then each checkpoint's, with the change. One thread; about a minute a
-checkpoint for smollm2-135m on one CPU core.
+as ``--heldout 50``), then each checkpoint's, with the change. ``--drift`` adds the drift
+budget's own figure (``training.drift_budget``, reinf.training.budget): the drift on the
+first ``DRIFT_TEXTS`` passages of an anchor file a run kept (``<data_dir>/anchor/*.json``),
+so the two can be set side by side ("The drift budget" in docs/benchmarks.md). One thread;
+about a minute a checkpoint for smollm2-135m on one CPU core.
 """
 from __future__ import annotations
 
+import json
+import math
 import sys
+from pathlib import Path
 
 import torch
 
 
-def main(model_dir: str, checkpoints: list[str]) -> None:
+def main(model_dir: str, checkpoints: list[str], anchor_file: str | None = None) -> None:
     from reinf.bench.probe import load_general_text, load_heldout, load_policy, measure_policy
     from reinf.config import load_config
 
@@ -36,13 +43,33 @@ def main(model_dir: str, checkpoints: list[str]) -> None:
 
     base_general, base_corpus = perplexities(base)
     print(f"base: general text {base_general:.3f}, demo corpus {base_corpus:.3f}", flush=True)
+    passages = own_text(anchor_file) if anchor_file else None
     for path in checkpoints:
-        g, c = perplexities(load_policy(config, path, cache=cache))
+        policy = load_policy(config, path, cache=cache)
+        g, c = perplexities(policy)
+        drift = ""
+        if passages is not None:
+            from reinf.training.budget import drift_kl
+            drift = f", drift {math.expm1(drift_kl(policy, passages, 16)):+.1%}"
         print(f"{path}: general text {g:.3f} ({g / base_general - 1:+.1%}), demo corpus "
-              f"{c:.3f} ({c / base_corpus - 1:+.1%})", flush=True)
+              f"{c:.3f} ({c / base_corpus - 1:+.1%}){drift}", flush=True)
+
+
+def own_text(anchor_file: str):
+    """The drift budget's passages: the first DRIFT_TEXTS of a kept anchor file."""
+    from reinf.training.budget import DRIFT_TEXTS
+    from reinf.training.ppo import build_rollout
+
+    data = json.loads(Path(anchor_file).read_text(encoding="utf-8"))
+    return build_rollout([([data["start"]], t["ids"], t["logprobs"], 1.0, 0.0, 1.0)
+                          for t in data["texts"][:DRIFT_TEXTS]])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    anchor = None
+    if args[:1] == ["--drift"] and len(args) > 1:
+        anchor, args = args[1], args[2:]
+    if len(args) < 2:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2:])
+    main(args[0], args[1:], anchor)

@@ -600,7 +600,8 @@ def summarize_round(result: dict, after: int) -> dict:
             "rating_model_pair_accuracy", "rating_model_pair_accuracy_ratings_only",
             "rewrites", "rewrites_imitated", "rated_imitated", "explored_imitated",
             "imitation_loss", "anchor_kl", "anchor_cosine", "reply_grad_norm",
-            "anchor_grad_norm", "clipped", "grad_norm",
+            "anchor_grad_norm", "clipped", "grad_norm", "drift", "drift_scale", "drift_after",
+            "drift_tries", "drift_seconds",
             "imitation_target", "imitation_active", "rating_model_rewrites",
             "styled_rollouts", "styled_score_gain", "style_counts", "styled_imitated",
             "style_lifts", "styled_style", "imitated_joined")

@@ -67,6 +67,8 @@ class ProgressBar:
               "rating_model": "fitting the rating model on your ratings…",
               "rollouts": "sampling fresh replies for the rating model to score…",
               "anchor": "sampling the base model's own text for the anchor (once a model)…",
+              "drift": "measuring the adapter's drift on the base model's own text "
+                       "(training.drift_budget)…",
               "gate": "checking KL and fluency…",
               "vs_base": "comparing the new adapter with the base on your prompts…"}
     BARS = {"rollouts": ("rollouts", "reply"), "update": ("PPO", "minibatch"),

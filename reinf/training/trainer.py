@@ -31,6 +31,9 @@ call. It runs RLHF's two stages incrementally (docs/training.md):
    replies) or the value head with GAE; in rollout mode, stages 3 and 4 run
    ``training.rollout_iterations`` times, each on fresh replies from the adapter as the
    last pass left it, against the same rating model;
+   with ``training.drift_budget`` > 0, an adapter that raised the perplexity of the base
+   model's own text by more than that is then scaled towards the base until it is within
+   (``reinf.training.budget``);
 5. the promotion gate (``reinf.training.promotion``): a round with NaN, whose KL per reply
    token to the base exceeds ``kl_max``, or whose perplexity on the person's well-rated
    replies rose more than ``training.max_perplexity_increase`` over the base, is
@@ -137,6 +140,7 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     from reinf.training.leaderboard import choose_start, picks_vs_base
     from reinf.rewards.mapper import compute_rewards
     from reinf.training.anchor import anchor_episodes
+    from reinf.training.budget import DRIFT_TEXTS, NO_BUDGET, hold_to_budget
     from reinf.training.ppo import Hyper, build_rollout, train_policy
     from reinf.training.session import build_session, select_episodes
 
@@ -221,9 +225,11 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
     rated_styles = (by_style if t.styled_rollouts and (
         t.imitate_styled or (plan.mode == "rollouts" and t.styled_pick == "ratings"))
         else None)
-    # ppo.anchor_coef: the base model's own passages, kept likely at every step
-    anchor = (build_rollout(anchor_episodes(config, session, report=report), device)
-              if hp.anchor_coef > 0 else None)
+    # The base model's own passages: ppo.anchor_coef keeps them likely at every step, and
+    # training.drift_budget bounds how far the round's adapter moved them (step 4b)
+    own_text = (anchor_episodes(config, session, report=report)
+                if hp.anchor_coef > 0 or t.drift_budget > 0 else None)
+    anchor = build_rollout(own_text, device) if hp.anchor_coef > 0 else None
     passes: list[dict[str, Any]] = []
     for i in range(iterations):
         seed = config.ppo.seed + counters["round"] + ITERATION_SEED_STRIDE * i
@@ -270,6 +276,11 @@ def _run(config, store, run_id: int, root: Path, progress, now, started) -> Roun
         if passes[-1]["nan"] or passes[-1]["kl"] > config.ppo.kl_max:
             break
     metrics = merge_passes(passes)
+    # 4b. The drift budget: an adapter that moved the base's own text more than
+    #     training.drift_budget is scaled towards the base until it is within.
+    metrics.update(hold_to_budget(session.policy, build_rollout(own_text[:DRIFT_TEXTS], device),
+                                  t.drift_budget, hp.batch_size, report=report)
+                   if t.drift_budget > 0 and not metrics["nan"] else NO_BUDGET)
     episodes = batch
     counters = {"round": counters["round"] + 1,
                 "global_step": counters["global_step"] + metrics["steps"],

@@ -466,3 +466,44 @@ def test_the_anchor_pulls_the_policy_back_to_the_base_on_text_it_never_read(mode
     (_, pref0), (_, pref1), _, rewarded = run(1.0, reward=1.0)
     assert pref1 > pref0 + 0.5 and rewarded["anchor_kl"] > 0
     assert -1.0 <= rewarded["anchor_cosine"] <= 1.0 and rewarded["anchor_grad_norm"] > 0
+
+
+def test_the_drift_budget_scales_the_adapter_to_within_it_and_only_that(model_dir):
+    """A drifted adapter (random LoRA weights) over a budget: hold_to_budget scales every
+    up-projection by one factor, nothing else, and leaves the base's own text, on the
+    passages it measured and on ones it never read, within the budget; under a budget it
+    has room in, nothing changes."""
+    from transformers import AutoTokenizer
+
+    from reinf.training.anchor import document_start
+    from reinf.training.budget import drift_kl, hold_to_budget
+    from reinf.training.rollouts import sample_rollouts
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    start = document_start(tokenizer)
+    policy = build_policy(model_dir)
+    with policy.model.disable_adapter():
+        texts = sample_rollouts(policy.model, tokenizer, [[start]], 48, temperature=1.0,
+                                top_p=1.0, max_new_tokens=24, seed=3)
+    passages = [([start], r.reply_ids, r.logprobs, 1.0, 0.0, 1.0) for r in texts
+                if len(r.reply_ids) >= 2]
+    read, held = build_rollout(passages[::2]), build_rollout(passages[1::2])
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    kl0, held0 = drift_kl(policy, read, 8), drift_kl(policy, held, 8)
+    assert kl0 > 0.01, kl0  # the adapter has drifted from the base
+
+    roomy = hold_to_budget(policy, read, 2 * math.expm1(kl0), 8)
+    assert roomy["drift_scale"] == 1.0 and roomy["drift"] == pytest.approx(math.expm1(kl0))
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters())
+
+    budget = math.expm1(kl0) / 4
+    m = hold_to_budget(policy, read, budget, 8)
+    scale = m["drift_scale"]
+    assert 0.0 < scale < 1.0 and m["drift"] == pytest.approx(math.expm1(kl0))
+    kl1 = drift_kl(policy, read, 8)
+    assert kl1 <= math.log1p(budget) and m["drift_after"] == pytest.approx(math.expm1(kl1))
+    assert kl1 >= 0.5 * math.log1p(budget)  # near the budget, not far below it
+    for name, p in policy.model.named_parameters():
+        expected = before[name] * scale if ".lora_B." in name else before[name]
+        assert torch.allclose(p, expected, atol=1e-6), name
+    assert drift_kl(policy, held, 8) < 0.5 * held0  # the passages it never read drift less

@@ -133,6 +133,46 @@ def test_the_anchor_is_sampled_once_per_model_and_read_by_every_round(home, mode
     assert json.loads(kept.read_text()) == data
 
 
+
+def test_a_round_over_the_drift_budget_is_kept_as_its_adapter_scaled_to_within_it(home,
+                                                                                  model_dir):
+    """Off, a round measures nothing. Round 2 (from round 1's adapter, 16 more ratings)
+    with a budget far under what the adapter moved: its checkpoint is that adapter with
+    every up-projection times one factor, and read back from disk it is within the budget
+    on the base's own passages; the next round continues from it."""
+    import json
+    import math
+
+    from reinf.training.budget import DRIFT_TEXTS, drift_kl
+    from reinf.training.ppo import Policy, ValueHead, build_rollout
+
+    off = tk.train_config(home, model_dir)
+    store = Store.open(off)
+    base = tk.load_policy(model_dir)
+    tk.add_rated_turns(store, base, 16, seed=0)
+    first = train_round(off, store)
+    assert first.metrics["drift"] is None and first.metrics["drift_scale"] is None
+    assert not (off.data_dir / "anchor").exists()  # off: no passages sampled
+    budget = 1e-5
+    config = tk.train_config(home, model_dir, training_drift_budget=budget)
+    tk.add_rated_turns(store, base, 16, seed=1)
+    second = train_round(config, store)
+    m = second.metrics
+    assert second.status == "succeeded", second.message
+    assert m["drift"] > budget and 0.0 < m["drift_scale"] < 1.0 and m["drift_after"] <= budget
+    [kept] = (config.data_dir / "anchor").glob("*.json")
+    data = json.loads(kept.read_text())
+    passages = build_rollout([([data["start"]], t["ids"], t["logprobs"], 1.0, 0.0, 1.0)
+                              for t in data["texts"][:DRIFT_TEXTS]])
+    ckpt = store.get_checkpoint(second.checkpoint_id)
+    model = tk.load_policy(model_dir, ckpt.path)
+    policy = Policy(model, ValueHead(model.config.hidden_size))
+    assert drift_kl(policy, passages, 8) <= math.log1p(budget) * 1.001
+    tk.add_rated_turns(store, base, 16, seed=2)
+    third = train_round(config, store)
+    assert third.status == "succeeded" and third.metrics["drift_after"] <= budget
+    assert store.get_checkpoint(third.checkpoint_id).parent_id == second.checkpoint_id
+
 def test_two_rounds_of_k_point_where_one_round_of_2k_points(tmp_path, model_dir):
     """Same 2K turns (behaviour log-probs from the base), fed as K + K over two rounds or
     2K in one. Direction = the effective LoRA weight change. Measured cosine on this setup
