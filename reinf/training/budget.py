@@ -18,7 +18,9 @@ is used rather than those sampled tokens' log-probs: the same figure with less n
 Where the round's adapter is over the budget, the whole adapter is scaled towards the
 base: every LoRA up-projection (``lora_B``) times one factor, which scales the adapter's
 change to every weight, ``B @ A``, by exactly that factor. The factor is the largest found
-within the budget in a few measured tries (KL grows about as the square of the factor).
+within the budget in a few measured tries: the first guess takes KL to grow as the square
+of the factor (as it does near the base), later ones the power the measures so far show
+(nearer 1 on SmolLM2-135M where a round moved some tokens far).
 The next round continues from the scaled adapter.
 
 The passages are the model's own, never the benchmark's general text: the figure that
@@ -103,7 +105,8 @@ def hold_to_budget(policy, amb, budget: float, batch_size: int,
     kept, kept_kl, tries = 1.0, first, 0            # the scale in place, its KL, tries
     if first > limit:
         low, low_kl, high = 0.0, 0.0, 1.0           # within at low, over at high
-        guess = math.sqrt(limit / first) * MARGIN
+        last, last_kl, power = 1.0, first, 2.0      # KL ~ c * scale^power, power from data
+        guess = (limit / first) ** (1 / power) * MARGIN
         for tries in range(1, TRIES + 1):
             scale_adapter(policy.model, guess / kept)
             kept = guess
@@ -114,8 +117,12 @@ def hold_to_budget(policy, amb, budget: float, batch_size: int,
                     break
             else:
                 high = guess
-            # KL ~ c * scale^2 from this measure, kept strictly inside the bracket
-            aim = guess * math.sqrt(limit / max(kl, 1e-12)) * MARGIN
+            # the power through the last two measures (2 near the base, nearer 1 where the
+            # adapter moved some tokens far), then a guess kept strictly inside the bracket
+            if kl > 0 and last_kl > 0 and guess != last:
+                power = min(max(math.log(kl / last_kl) / math.log(guess / last), 0.5), 3.0)
+            last, last_kl = guess, kl
+            aim = guess * (limit / max(kl, 1e-12)) ** (1 / power) * MARGIN
             guess = min(max(aim, low + 0.1 * (high - low)), low + 0.9 * (high - low))
         if kept != low:                             # the last try was over: back to low
             scale_adapter(policy.model, low / kept)  # kept > 0: every guess is above low
