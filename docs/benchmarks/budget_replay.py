@@ -23,6 +23,7 @@ import torch
 def main(budget: float, data_dirs: list[str]) -> None:
     from reinf.bench.probe import load_policy
     from reinf.config import load_config
+    from reinf.training.anchor import read_episodes
     from reinf.training.budget import DRIFT_TEXTS, hold_to_budget, scale_adapter
     from reinf.training.ppo import build_rollout
 
@@ -30,10 +31,8 @@ def main(budget: float, data_dirs: list[str]) -> None:
     config = load_config()
     cache: dict = {}
     for data_dir in map(Path, data_dirs):
-        [anchor_file] = sorted((data_dir / "anchor").glob("*.json"))[:1]
-        data = json.loads(anchor_file.read_text(encoding="utf-8"))
-        passages = build_rollout([([data["start"]], t["ids"], t["logprobs"], 1.0, 0.0, 1.0)
-                                  for t in data["texts"][:DRIFT_TEXTS]])
+        anchor_file = min((data_dir / "anchor").glob("*.json"))
+        passages = build_rollout(read_episodes(anchor_file)[:DRIFT_TEXTS])
         for checkpoint in sorted((data_dir / "checkpoints").iterdir()):
             m = json.loads((checkpoint / "metrics.json").read_text(encoding="utf-8"))
             if not m.get("drift_scale") or m["drift_scale"] >= 1.0:

@@ -18,10 +18,8 @@ about a minute a checkpoint for smollm2-135m on one CPU core.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
-from pathlib import Path
 
 import torch
 
@@ -57,12 +55,11 @@ def main(model_dir: str, checkpoints: list[str], anchor_file: str | None = None)
 
 def own_text(anchor_file: str):
     """The drift budget's passages: the first DRIFT_TEXTS of a kept anchor file."""
+    from reinf.training.anchor import read_episodes
     from reinf.training.budget import DRIFT_TEXTS
     from reinf.training.ppo import build_rollout
 
-    data = json.loads(Path(anchor_file).read_text(encoding="utf-8"))
-    return build_rollout([([data["start"]], t["ids"], t["logprobs"], 1.0, 0.0, 1.0)
-                          for t in data["texts"][:DRIFT_TEXTS]])
+    return build_rollout(read_episodes(anchor_file)[:DRIFT_TEXTS])
 
 
 if __name__ == "__main__":

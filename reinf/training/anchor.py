@@ -87,7 +87,20 @@ def anchor_episodes(config, session, *, report: Callable[[dict], None] | None = 
         texts = [{"ids": r.reply_ids, "logprobs": r.logprobs} for r in sampled
                  if len(r.reply_ids) >= 2]
         _write(path, {"model": str(session.loaded.name), "start": start, "texts": texts})
+    return as_episodes(start, texts)
+
+
+def as_episodes(start: int, texts: list[dict]) -> list[tuple]:
+    """Passages as episodes: prompt = the start token, reply = the passage, its log-probs
+    under the base, temperature 1, reward 0, weight 1."""
     return [([start], t["ids"], t["logprobs"], 1.0, 0.0, 1.0) for t in texts]
+
+
+def read_episodes(path: str | Path) -> list[tuple]:
+    """A kept passages file (``<data_dir>/anchor/<key>.json``) as episodes, for studies
+    of a run's checkpoints against the passages that run read."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return as_episodes(data["start"], data["texts"])
 
 
 def _read(path: Path) -> list[dict] | None:

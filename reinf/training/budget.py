@@ -80,14 +80,10 @@ def base_scores(policy, amb, batch_size: int) -> list:
     """The base model's scores (kept logits) of ``amb``, as (rows, Scored) a minibatch."""
     from reinf.training.ppo import update_mode
 
-    out = []
     with torch.no_grad(), update_mode(policy.model):
-        for start in range(0, len(amb), batch_size):
-            idx = torch.arange(start, min(start + batch_size, len(amb)),
-                               device=amb.mask.device)
-            out.append((idx, policy.forward(amb.select(idx), adapter=False, values=False,
-                                            full=True, entropy=False).scored))
-    return out
+        return [(idx, policy.forward(mb, adapter=False, values=False, full=True,
+                                     entropy=False).scored)
+                for idx, mb in amb.chunks(batch_size)]
 
 
 def hold_to_budget(policy, amb, budget: float, batch_size: int,

@@ -94,7 +94,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -141,6 +141,12 @@ class Rollout:
                        None if self.demos is None else self.demos[idx],
                        None if self.written is None else self.written[idx],
                        None if self.until is None else self.until[idx])
+
+    def chunks(self, size: int) -> Iterator[tuple[Tensor, "Rollout"]]:
+        """The rows in order, ``size`` at a time: (their indices, ``select`` of them)."""
+        for start in range(0, len(self), size):
+            idx = torch.arange(start, min(start + size, len(self)), device=self.mask.device)
+            yield idx, self.select(idx)
 
 
 def build_rollout(episodes: Sequence[tuple], device: torch.device | str = "cpu",
@@ -536,9 +542,7 @@ def evaluate(policy: Policy, b: Rollout, batch_size: int, *, adapter: bool = Tru
     """No-grad log-probs (B, T) and values (B, T) of the whole batch (values 0 if not asked)."""
     logp, vals = torch.zeros_like(b.mask), torch.zeros_like(b.mask)
     with torch.no_grad():
-        for start in range(0, len(b), batch_size):
-            idx = torch.arange(start, min(start + batch_size, len(b)), device=b.mask.device)
-            mb = b.select(idx)
+        for idx, mb in b.chunks(batch_size):
             out = policy.forward(mb, adapter=adapter, values=values, entropy=False)
             logp[idx, :out.logp.shape[1]] = out.logp * mb.mask
             if values:
@@ -550,9 +554,7 @@ def measure_kl(policy: Policy, b: Rollout, batch_size: int) -> Tensor:
     """Exact KL(policy || base) over the vocabulary at each reply position (B, T), no grad."""
     kl = torch.zeros_like(b.mask)
     with torch.no_grad():
-        for start in range(0, len(b), batch_size):
-            idx = torch.arange(start, min(start + batch_size, len(b)), device=b.mask.device)
-            mb = b.select(idx)
+        for idx, mb in b.chunks(batch_size):
             new = policy.forward(mb, values=False, full=True, entropy=False).scored
             ref = policy.forward(mb, adapter=False, values=False, full=True,
                                  entropy=False).scored

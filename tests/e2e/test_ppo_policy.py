@@ -412,26 +412,32 @@ def test_entropy_bonus_raises_entropy(model_dir):
     assert ent[1.0] > ent[0.0] + 1e-4, ent
 
 
+def base_passages(model_dir, policy) -> tuple:
+    """Passages the base writes itself (the adapter off), as the anchor samples them,
+    split in two rollouts: every other one, and the rest."""
+    from transformers import AutoTokenizer
+
+    from reinf.training.anchor import as_episodes, document_start
+    from reinf.training.rollouts import sample_rollouts
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    start = document_start(tokenizer)
+    with policy.model.disable_adapter():
+        texts = sample_rollouts(policy.model, tokenizer, [[start]], 48, temperature=1.0,
+                                top_p=1.0, max_new_tokens=24, seed=3)
+    passages = as_episodes(start, [{"ids": r.reply_ids, "logprobs": r.logprobs}
+                                   for r in texts if len(r.reply_ids) >= 2])
+    return build_rollout(passages[::2]), build_rollout(passages[1::2])
+
+
 def test_the_anchor_pulls_the_policy_back_to_the_base_on_text_it_never_read(model_dir):
     """A drifted adapter (random LoRA weights), a round with nothing to learn from its
     replies (equal rewards: every advantage 0): without the anchor nothing moves; with it,
     KL(base || policy) falls on held-out passages of the base's own text, not only on the
     half it read. With a reward too, the reward still moves the policy."""
-    from transformers import AutoTokenizer
-
-    from reinf.training.anchor import document_start
     from reinf.training.ppo import anchor_loss
-    from reinf.training.rollouts import sample_rollouts
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    start = document_start(tokenizer)
-    base = build_policy(model_dir)
-    with base.model.disable_adapter():
-        texts = sample_rollouts(base.model, tokenizer, [[start]], 48, temperature=1.0,
-                                top_p=1.0, max_new_tokens=24, seed=3)
-    passages = [([start], r.reply_ids, r.logprobs, 1.0, 0.0, 1.0) for r in texts
-                if len(r.reply_ids) >= 2]
-    anchor, held = build_rollout(passages[::2]), build_rollout(passages[1::2])
+    anchor, held = base_passages(model_dir, build_policy(model_dir))
     good, bad, other = [tk.GOOD, 77, 12, 2], [tk.BAD, 70, 12, 2], [1, 5, 6, 1]
 
     def drift(policy, passages) -> float:  # KL(base || policy) per token
@@ -473,21 +479,10 @@ def test_the_drift_budget_scales_the_adapter_to_within_it_and_only_that(model_di
     up-projection by one factor, nothing else, and leaves the base's own text, on the
     passages it measured and on ones it never read, within the budget; under a budget it
     has room in, nothing changes."""
-    from transformers import AutoTokenizer
-
-    from reinf.training.anchor import document_start
     from reinf.training.budget import drift_kl, hold_to_budget
-    from reinf.training.rollouts import sample_rollouts
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    start = document_start(tokenizer)
     policy = build_policy(model_dir)
-    with policy.model.disable_adapter():
-        texts = sample_rollouts(policy.model, tokenizer, [[start]], 48, temperature=1.0,
-                                top_p=1.0, max_new_tokens=24, seed=3)
-    passages = [([start], r.reply_ids, r.logprobs, 1.0, 0.0, 1.0) for r in texts
-                if len(r.reply_ids) >= 2]
-    read, held = build_rollout(passages[::2]), build_rollout(passages[1::2])
+    read, held = base_passages(model_dir, policy)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     kl0, held0 = drift_kl(policy, read, 8), drift_kl(policy, held, 8)
     assert kl0 > 0.01, kl0  # the adapter has drifted from the base

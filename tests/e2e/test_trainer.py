@@ -133,16 +133,15 @@ def test_the_anchor_is_sampled_once_per_model_and_read_by_every_round(home, mode
     assert json.loads(kept.read_text()) == data
 
 
-
 def test_a_round_over_the_drift_budget_is_kept_as_its_adapter_scaled_to_within_it(home,
                                                                                   model_dir):
     """Off, a round measures nothing. Round 2 (from round 1's adapter, 16 more ratings)
     with a budget far under what the adapter moved: its checkpoint is that adapter with
     every up-projection times one factor, and read back from disk it is within the budget
     on the base's own passages; the next round continues from it."""
-    import json
     import math
 
+    from reinf.training.anchor import read_episodes
     from reinf.training.budget import DRIFT_TEXTS, drift_kl
     from reinf.training.ppo import Policy, ValueHead, build_rollout
 
@@ -161,9 +160,7 @@ def test_a_round_over_the_drift_budget_is_kept_as_its_adapter_scaled_to_within_i
     assert second.status == "succeeded", second.message
     assert m["drift"] > budget and 0.0 < m["drift_scale"] < 1.0 and m["drift_after"] <= budget
     [kept] = (config.data_dir / "anchor").glob("*.json")
-    data = json.loads(kept.read_text())
-    passages = build_rollout([([data["start"]], t["ids"], t["logprobs"], 1.0, 0.0, 1.0)
-                              for t in data["texts"][:DRIFT_TEXTS]])
+    passages = build_rollout(read_episodes(kept)[:DRIFT_TEXTS])
     ckpt = store.get_checkpoint(second.checkpoint_id)
     model = tk.load_policy(model_dir, ckpt.path)
     policy = Policy(model, ValueHead(model.config.hidden_size))
@@ -172,6 +169,7 @@ def test_a_round_over_the_drift_budget_is_kept_as_its_adapter_scaled_to_within_i
     third = train_round(config, store)
     assert third.status == "succeeded" and third.metrics["drift_after"] <= budget
     assert store.get_checkpoint(third.checkpoint_id).parent_id == second.checkpoint_id
+
 
 def test_two_rounds_of_k_point_where_one_round_of_2k_points(tmp_path, model_dir):
     """Same 2K turns (behaviour log-probs from the base), fed as K + K over two rounds or
