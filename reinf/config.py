@@ -290,7 +290,8 @@ class TrainingConfig:
                                        "judges them (the win rate vs base); 0 = off",
                                    min=0, max=256)
     drift_budget: float = setting(0.0, "after each round, the most the adapter may raise "
-                                       "the perplexity of text the base model wrote itself "
+                                       "the perplexity of text the base model wrote itself, "
+                                       "past each passage's first 3 tokens "
                                        "(0.03 = +3%); above it the whole adapter is scaled "
                                        "towards the base until it is within; 0 = off "
                                        "(docs/training.md, \"The drift budget\")",

@@ -478,14 +478,23 @@ def test_the_drift_budget_scales_the_adapter_to_within_it_and_only_that(model_di
     """A drifted adapter (random LoRA weights) over a budget: hold_to_budget scales every
     up-projection by one factor, nothing else, and leaves the base's own text, on the
     passages it measured and on ones it never read, within the budget; under a budget it
-    has room in, nothing changes."""
-    from reinf.training.budget import drift_kl, hold_to_budget
+    has room in, nothing changes. The drift counts each passage from its token DRIFT_FROM on."""
+    from reinf.model.sampling import kl_per_token
+    from reinf.training.budget import DRIFT_FROM, drift_kl, hold_to_budget
+    from reinf.training.ppo import update_mode
 
     policy = build_policy(model_dir)
     read, held = base_passages(model_dir, policy)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     kl0, held0 = drift_kl(policy, read, 8), drift_kl(policy, held, 8)
     assert kl0 > 0.01, kl0  # the adapter has drifted from the base
+    # the figure is the KL from each passage's token DRIFT_FROM on: the opening isn't counted
+    with torch.no_grad(), update_mode(policy.model):
+        kl = kl_per_token(policy.forward(read, adapter=False, values=False, full=True).scored,
+                          policy.forward(read, values=False, full=True).scored) * read.mask
+    counted = read.mask[:, DRIFT_FROM:]
+    assert kl0 == pytest.approx(float(kl[:, DRIFT_FROM:].sum() / counted.sum()), rel=1e-4)
+    assert kl0 != pytest.approx(float(kl.sum() / read.mask.sum()), rel=1e-3)
 
     roomy = hold_to_budget(policy, read, 2 * math.expm1(kl0), 8)
     assert roomy["drift_scale"] == 1.0 and roomy["drift"] == pytest.approx(math.expm1(kl0))
